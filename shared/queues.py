@@ -43,6 +43,17 @@ def make_celery(redis_url: str | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": 3600},
+        # Ride out a broker restart while publishing: Celery's default gives up after about a
+        # second; this retries for about 30 s, after which the controller treats the error as
+        # an outage (services/controller/service.py::is_interruption).
+        task_publish_retry_policy={
+            "max_retries": 18,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
+        # A worker marks a task STARTED, so the controller can tell a task in hand from a lost one.
+        task_track_started=True,
         result_expires=3600,
         imports=TASK_MODULES,
     )

@@ -142,6 +142,14 @@ class TrainConfig(_Strict):
         description="Bonus added to the returns of well-formed steps (reference: 5)",
     )
     sft_coef: float = Field(1.0, ge=0, le=100, description="Thought-SFT loss weight (GTR 1:1)")
+    clip_per_loss: bool = Field(
+        False,
+        description="Clip the PPO+value and the SFT gradients each to max_grad_norm, then sum: "
+        "a large PPO gradient can no longer shrink the SFT term",
+    )
+    value_lr: float | None = Field(
+        None, gt=0, le=1, description="Learning rate of the value head; None = lr"
+    )
     dagger_sampling: Literal["uniform", "recency"] = Field(
         "uniform", description="How the DAgger buffer is sampled"
     )
@@ -189,6 +197,12 @@ class MetricsConfig(_Strict):
     )
     success_window: int = Field(
         200, ge=1, le=100_000, description="Running success rate over the last N episodes"
+    )
+    eval_episodes: int = Field(
+        0, ge=0, le=1000, description="Greedy held-out episodes per evaluation; 0 = no evaluation"
+    )
+    eval_every: int = Field(
+        5, ge=1, le=100_000, description="Evaluate after every N-th update (and the last one)"
     )
 
 

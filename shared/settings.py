@@ -53,6 +53,17 @@ class Settings(BaseSettings):
         600, description="Requests per minute per token on the REST API (0 = off)"
     )
     log_level: str = Field("INFO", description="Python logging level for every service")
+    outage_s: float = Field(
+        300.0,
+        description="How long a run waits for an env/policy service or Redis that went away",
+    )
+    max_interruptions: int = Field(
+        5, description="Outages in a row (no update trained between them) that end a run failed"
+    )
+    trainer_lost_after_s: float = Field(
+        30.0,
+        description="A trainer task neither queued nor beating for this long is sent again",
+    )
 
     @model_validator(mode="after")
     def _refuse_default_secret_in_production(self) -> Settings:

@@ -90,6 +90,15 @@ def cancel_run(session: Session, token: ApiToken, run_id: int) -> Run:
     return run
 
 
+def resume_run(session: Session, token: ApiToken, run_id: int) -> Run:
+    run = get_run(session, token, run_id)
+    if run.status != "failed":
+        raise Conflict(f"run {run_id} is {run.status}: only a failed run can be resumed")
+    # A controller claims it and resumes after its last trained update (RunDriver._start).
+    run.status, run.finished_at = "queued", None
+    return run
+
+
 def list_updates(
     session: Session, run: Run, limit: int, offset: int
 ) -> tuple[Sequence[Update], int]:

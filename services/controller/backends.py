@@ -9,14 +9,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from celery.exceptions import TimeoutError as CeleryTimeout
+from kombu.exceptions import ChannelError
+from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeout
 from sqlalchemy import func, select
 
 from shared.db.models import Correction
 from shared.db.session import session_scope
-from shared.queues import TASK_CORRECT, TASK_INIT, TASK_UPDATE, celery_app
+from shared.queues import QUEUE_TRAINER, TASK_CORRECT, TASK_INIT, TASK_UPDATE, celery_app
 from shared.settings import Settings
 
 log = logging.getLogger("gtr.controller")
+
+# The broker or the result backend (both Redis) cannot be reached.
+BROKER_ERRORS = (BrokerError, RedisConnectionError, RedisTimeout)
 
 
 class Corrections(Protocol):
@@ -49,6 +57,41 @@ def wait_for_corrections(run_id: int, step_ids: list[int], timeout_s: float) -> 
     while (left := pending_corrections(run_id, step_ids)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def missing_corrections(run_id: int, step_ids: list[int]) -> list[int]:
+    """The steps among ``step_ids`` with no finished (done or failed) correction yet."""
+    with session_scope() as s:
+        finished = set(
+            s.scalars(
+                select(Correction.step_id).where(
+                    Correction.run_id == run_id,
+                    Correction.step_id.in_(step_ids),
+                    Correction.status.in_(("done", "failed")),
+                )
+            )
+        )
+    return [i for i in step_ids if i not in finished]
+
+
+def settle_corrections(
+    corrections: Corrections, run_id: int, step_ids: list[int], corrector: str, timeout_s: float
+) -> int:
+    """Strict mode: wait for these corrections; at the timeout send the missing ones once more
+    and wait again, then record the rest failed. Returns how many were recorded failed.
+
+    A killed worker's tasks come back only after the broker's visibility timeout, and a Redis
+    restart drops queued ones; a re-sent task for a step already corrected writes nothing."""
+    if not wait_for_corrections(run_id, step_ids, timeout_s):
+        return 0
+    missing = missing_corrections(run_id, step_ids)
+    log.warning(
+        "run %s: %s corrections missing after %g s: sent again", run_id, len(missing), timeout_s
+    )
+    corrections.submit(run_id, missing)
+    if not wait_for_corrections(run_id, missing, timeout_s):
+        return 0
+    return record_missing_as_failed(run_id, missing, corrector, 2 * timeout_s)
 
 
 def record_missing_as_failed(
@@ -116,10 +159,14 @@ class CeleryCorrections:
 
     def submit(self, run_id: int, step_ids: list[int]) -> None:
         for sid in step_ids:
-            celery_app.send_task(TASK_CORRECT, args=[sid, self.name])
+            # The result is the database row: no result-backend subscription per task.
+            celery_app.send_task(TASK_CORRECT, args=[sid, self.name], ignore_result=True)
 
     def close(self) -> None:
         pass
+
+    def health(self) -> None:
+        broker_ping()
 
 
 def checkpoint_dir(run_id: int, update_idx: int) -> Path:
@@ -158,20 +205,79 @@ class InProcessTrainer:
         return checkpoint_dir(run_id, update_idx)
 
 
-class CeleryTrainer:
-    """Full stack: ``trainer.init`` / ``trainer.update`` on the trainer worker (the GPU pod)."""
+def broker_ping(timeout_s: float = 2.0) -> None:
+    """Raises ``kombu.exceptions.OperationalError`` unless the broker answers."""
+    with celery_app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=timeout_s)
 
-    def __init__(self, timeout_s: float = 6 * 3600) -> None:
-        self.timeout_s = timeout_s
+
+def queued_messages(queue: str) -> int:
+    with celery_app.connection_for_read() as conn:
+        try:
+            return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+        except ChannelError:  # Redis drops an empty queue's key: nothing waits in it
+            return 0
+
+
+class CeleryTrainer:
+    """Full stack: ``trainer.init`` / ``trainer.update`` on the trainer worker (the GPU pod).
+
+    The result is awaited in slices. A task that is not finished, not started by a worker that
+    still beats (``services/trainer/tasks.py::_beating``) and not waiting in the queue is lost
+    (a killed worker's task comes back only after the broker's visibility timeout, a Redis
+    restart drops a queued one): past ``lost_after_s`` it is sent again, which the idempotent
+    trainer tasks allow. Meanwhile ``loop.Heartbeat`` keeps the run's heartbeat fresh."""
+
+    def __init__(
+        self, timeout_s: float = 6 * 3600, lost_after_s: float = 30.0, slice_s: float = 2.0
+    ) -> None:
+        self.timeout_s, self.lost_after_s, self.slice_s = timeout_s, lost_after_s, slice_s
 
     def _call(self, name: str, args: list[Any]) -> None:
+        deadline = time.monotonic() + self.timeout_s
         result = celery_app.send_task(name, args=args)
-        # A failed task raises here with the worker's error, which ends the run as failed.
-        result.get(timeout=self.timeout_s, propagate=True, disable_sync_subtasks=False)
+        seen: Any = None  # the task's state and beat at the last look
+        alive_at = time.monotonic()  # the last sign that someone holds the task
+        while True:
+            try:
+                # A failed task raises here with the worker's error, which ends the run failed.
+                result.get(timeout=self.slice_s, propagate=True, disable_sync_subtasks=False)
+                return
+            except CeleryTimeout:
+                pass
+            except BROKER_ERRORS:
+                # Redis restarting: wait out a short outage here; past lost_after_s the error
+                # goes up, and the run driver waits for the broker (RunDriver._ride_out).
+                if time.monotonic() - alive_at > self.lost_after_s:
+                    raise
+                time.sleep(self.slice_s)
+                continue
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"{name}{args} did not finish within {self.timeout_s:g} s")
+            try:
+                look = (result.state, result.info)  # STARTED carries the worker's beat
+                queued = look[0] == "PENDING" and queued_messages(QUEUE_TRAINER) > 0
+            except BROKER_ERRORS:
+                continue  # Redis away: the next result.get tells
+            if look != seen or queued:
+                seen, alive_at = look, now
+            elif now - alive_at > self.lost_after_s:
+                log.warning(
+                    "%s%s lost (%s, no sign of life for %.0f s): sent again",
+                    name,
+                    args,
+                    look[0],
+                    now - alive_at,
+                )
+                result, seen, alive_at = celery_app.send_task(name, args=args), None, now
 
     def init(self, run_id: int) -> Path:
         self._call(TASK_INIT, [run_id])
         return checkpoint_dir(run_id, -1)
+
+    def health(self) -> None:
+        broker_ping()
 
     def update(self, run_id: int, update_idx: int) -> Path:
         self._call(TASK_UPDATE, [run_id, update_idx])

@@ -116,11 +116,28 @@ def worker(role: str, concurrency: int | None) -> None:
     type=click.Path(path_type=Path),
     help="Base model for the policy service (default: the tiny one).",
 )
-def up(port: int, model: Path | None) -> None:
-    """Start the full stack as separate processes against PostgreSQL and Redis (Ctrl-C stops it)."""
-    from services.controller.stack import run_stack
+@click.option(
+    "--max-restarts",
+    default=5,
+    show_default=True,
+    type=click.IntRange(0, 1000),
+    help="Restarts of a part within --restart-window before the stack stops; 0: never restart.",
+)
+@click.option(
+    "--restart-window",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(1, 86_400),
+    help="Seconds over which a part's restarts are counted.",
+)
+def up(port: int, model: Path | None, max_restarts: int, restart_window: float) -> None:
+    """Start the full stack as separate processes against PostgreSQL and Redis (Ctrl-C stops it).
 
-    run_stack(port, model)
+    A part that exits is restarted after 1 s, then 2, 4, ... up to 30 s; one that exits more than
+    --max-restarts times within --restart-window stops the stack."""
+    from services.controller.stack import RestartPolicy, run_stack
+
+    run_stack(port, model, RestartPolicy(max_restarts=max_restarts, window_s=restart_window))
 
 
 @click.group()
@@ -199,6 +216,14 @@ def run_list(status: str | None, url: str | None, token: str | None) -> None:
 def run_cancel(run_id: int, url: str | None, token: str | None) -> None:
     """Cancel a run."""
     click.echo(_call(_client(url, token), "POST", f"/api/runs/{run_id}/cancel")["status"])
+
+
+@run.command("resume")
+@click.argument("run_id", type=int)
+@_with_api
+def run_resume(run_id: int, url: str | None, token: str | None) -> None:
+    """Queue a failed run again; it resumes after its last trained update."""
+    click.echo(_call(_client(url, token), "POST", f"/api/runs/{run_id}/resume")["status"])
 
 
 @run.command("watch")

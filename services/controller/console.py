@@ -58,13 +58,18 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
     ]
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("env steps", total=cfg.total_env_steps, stats="warm start…")
+        last_eval: list[float | None] = [None]  # evaluations are sparse: show the latest
 
         def on_progress(p: Any) -> None:
             m = p.metrics
             alarm = "  [red]COLLAPSE ALARM[/red]" if m.get("alarm") or _alarm(cfg, m) else ""
+            if "eval/success_rate" in m:
+                last_eval[0] = m["eval/success_rate"]
+            evaluated = "" if last_eval[0] is None else f"  eval {_fmt(last_eval[0])}"
             stats = (
                 f"update {p.update_idx + 1}/{cfg.train.num_updates}"
                 f"  success {_fmt(m.get('success_rate'))}"
+                f"{evaluated}"
                 f"  corrected {_fmt(m.get('corrected_rate'))}"
                 f"  relevance {_fmt(m.get('probe_relevance'))}{alarm}"
             )
@@ -77,6 +82,34 @@ def _alarm(cfg: RunConfig, m: dict[str, Any]) -> bool:
     from services.controller.metrics import collapse_alarm
 
     return collapse_alarm(m, cfg.metrics.min_relevance, cfg.metrics.max_top_thought_share)
+
+
+SUMMARY_KEYS = (
+    "eval/success_rate",
+    "success_rate",
+    "episode_return",
+    "format_valid_rate",
+    "corrected_rate",
+    "probe_relevance",
+    "probe_top_thought_share",
+    "state_relevance",
+    "thought_length",
+    "losses/policy",
+    "losses/sft",
+)
+
+
+def summary_columns(metrics: list[dict[str, Any]], most: int = 6) -> list[int]:
+    """Which updates the summary shows: the evaluated ones (else evenly spaced), first and last."""
+    n = len(metrics)
+    if n == 0:
+        return []
+    picked = [i for i, m in enumerate(metrics) if "eval/success_rate" in m]
+    if len(picked) < 2:
+        picked = sorted({round(j * (n - 1) / (most - 1)) for j in range(most)})
+    if len(picked) > most:  # keep the first and last, thin the middle evenly
+        picked = [picked[round(j * (len(picked) - 1) / (most - 1))] for j in range(most)]
+    return sorted(set(picked) | {0, n - 1})
 
 
 def print_summary(run_id: int, seconds: float) -> None:
@@ -94,27 +127,14 @@ def print_summary(run_id: int, seconds: float) -> None:
         metrics = [u.metrics for u in rows]
         status, error, steps = run.status, run.error, run.env_steps
     table = Table(title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps")
-    for col in ("metric", "first update", "last update", "best"):
-        table.add_column(col)
-    keys = [
-        "success_rate",
-        "episode_return",
-        "format_valid_rate",
-        "corrected_rate",
-        "probe_relevance",
-        "probe_top_thought_share",
-        "state_relevance",
-        "thought_length",
-        "losses/policy",
-        "losses/sft",
-    ]
-    for k in keys:
-        vals = [m[k] for m in metrics if isinstance(m.get(k), int | float)]
-        if vals:
-            best = (
-                min(vals) if k.startswith("losses") or k == "probe_top_thought_share" else max(vals)
-            )
-            table.add_row(k, _fmt(vals[0]), _fmt(vals[-1]), _fmt(best))
+    cols = summary_columns(metrics)
+    table.add_column("metric")
+    for i in cols:
+        table.add_column(f"update {i + 1}", justify="right")
+    for k in SUMMARY_KEYS:
+        cells = [metrics[i].get(k) for i in cols]
+        if any(isinstance(v, int | float) for v in cells):
+            table.add_row(k, *(_fmt(v) if isinstance(v, int | float) else "" for v in cells))
     console = Console()
     console.print(table)
     if error:

@@ -45,7 +45,7 @@ def backends(cfg: RunConfig, settings: Settings) -> dict[str, Any]:
         policy = InProcessPolicy(cfg.model)
     if settings.redis_url:
         corrections: Any = CeleryCorrections(cfg.corrector.name)
-        trainer: Any = CeleryTrainer()
+        trainer: Any = CeleryTrainer(lost_after_s=settings.trainer_lost_after_s)
     else:
         corrections = ThreadCorrections(cfg.corrector.name, cfg.corrector.noise, cfg.seed, settings)
         trainer = InProcessTrainer()
@@ -160,7 +160,14 @@ def drive(run_id: int, settings: Settings | None = None, on_progress: Any = None
             run_id, str(e) if isinstance(e, ServiceDown) else f"{type(e).__name__}: {e}"
         )
     with Heartbeat(run_id):
-        return RunDriver(run_id, **parts, on_progress=on_progress).run()
+        driver = RunDriver(
+            run_id,
+            **parts,
+            on_progress=on_progress,
+            outage_s=settings.outage_s,
+            max_interruptions=settings.max_interruptions,
+        )
+        return driver.run()
 
 
 def serve_forever(poll_s: float = 2.0, stale_after_s: float = 60.0, once: bool = False) -> None:

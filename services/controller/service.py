@@ -19,18 +19,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from services.controller import metrics as M
 from services.controller.backends import (
+    BROKER_ERRORS,
     Corrections,
     TrainerBackend,
     checkpoint_dir,
-    record_missing_as_failed,
-    wait_for_corrections,
+    settle_corrections,
 )
+from services.controller.evaluate import evaluate
 from services.controller.recorder import (
     EpisodeCursor,
     add_step,
@@ -52,6 +54,28 @@ PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
 
 class Cancelled(Exception):
     pass
+
+
+class Outage(RuntimeError):
+    """A service the run needs stayed away, or kept failing, past the driver's bounds."""
+
+
+def is_interruption(e: BaseException) -> bool:
+    """Whether an error is an outage that a restart of the service cures, not the run's own fault:
+    the env or policy service gone (a transport error, a 5xx, env sessions it no longer knows),
+    or Redis (a publish, or the result backend, whose errors come wrapped in a RuntimeError)."""
+    from services.env.service import SessionNotFound
+
+    seen: BaseException | None = e
+    for _ in range(5):  # the chain of causes, a few links deep
+        if seen is None:
+            return False
+        if isinstance(seen, (httpx.TransportError, SessionNotFound, *BROKER_ERRORS)):
+            return True
+        if int(getattr(seen, "status_code", 0) or 0) >= 500:  # EnvClient, PolicyClient errors
+            return True
+        seen = seen.__cause__
+    return False
 
 
 @dataclass
@@ -86,8 +110,13 @@ class RunDriver:
         corrections: Corrections | None,
         trainer: TrainerBackend,
         on_progress: Callable[[Progress], None] | None = None,
+        outage_s: float = 300.0,
+        max_interruptions: int = 5,
     ) -> None:
         self.run_id = run_id
+        # An outage is waited out for up to outage_s; max_interruptions in a row (no update
+        # trained in between) end the run.
+        self.outage_s, self.max_interruptions, self.interruptions = outage_s, max_interruptions, 0
         self.envs, self.policy, self.corrections, self.trainer = envs, policy, corrections, trainer
         self.on_progress = on_progress or (lambda p: None)
         self.blobs = blob_store()
@@ -107,16 +136,14 @@ class RunDriver:
     def run(self) -> str:
         """Drive the run to its end; returns the final status."""
         try:
-            start = self._start()
-            self._open_envs(start)
-            probe = self._probe_states()
-            for u in range(start, self.cfg.train.num_updates):
-                self._check_cancel()
-                self._rollout_and_store(u)
-                path = self.trainer.update(self.run_id, u)
-                self.policy.load_weights(str(path))
-                self._finish_update(u, probe)
-            return self._end("completed")
+            while True:
+                try:
+                    self._drive()
+                    return self._end("completed")
+                except Exception as e:
+                    if not is_interruption(e):
+                        raise
+                    self._ride_out(e)
         except Cancelled:
             return self._end("cancelled")
         except Exception as e:
@@ -124,6 +151,60 @@ class RunDriver:
             return self._end("failed", f"{type(e).__name__}: {e}")
         finally:
             self._close_envs()
+
+    def _drive(self) -> None:
+        start = self._start()
+        self._open_envs(start)
+        probe = self._probe_states()
+        for u in range(start, self.cfg.train.num_updates):
+            self._check_cancel()
+            self._rollout_and_store(u)
+            path = self.trainer.update(self.run_id, u)
+            self.policy.load_weights(str(path))
+            self._finish_update(u, probe)
+            self.interruptions = 0
+
+    def _ride_out(self, e: Exception) -> None:
+        """A service went away: wait for it, then resume as a restarted controller does.
+
+        Env sessions die with the env service, and a restarted policy service serves its base
+        weights, so the partial rollout is dropped and ``_start`` reloads the last checkpoint."""
+        self.interruptions += 1
+        if self.interruptions > self.max_interruptions:
+            raise Outage(
+                f"gave up after {self.max_interruptions} interruptions in a row; "
+                f"the last: {type(e).__name__}: {e}"
+            ) from e
+        log.warning(
+            "run %s interrupted (%s of %s): %s: %s; waiting for the services",
+            self.run_id,
+            self.interruptions,
+            self.max_interruptions,
+            type(e).__name__,
+            e,
+        )
+        self._close_envs()
+        self._wait_for_services(e)
+        self.success = M.SuccessWindow(self.cfg.metrics.success_window)  # _start refills it
+        self.subtasks, self.obs, self.cursors = {}, [], []
+
+    def _wait_for_services(self, cause: Exception) -> None:
+        """Until every networked backend answers its health check, for up to ``outage_s``."""
+        deadline = time.monotonic() + self.outage_s
+        parts: list[Any] = [self.envs, self.policy, self.corrections, self.trainer]
+        for part in parts:
+            while hasattr(part, "health"):
+                self._check_cancel()
+                try:
+                    part.health()
+                    break
+                except Exception as e:
+                    if time.monotonic() > deadline:
+                        raise Outage(
+                            f"{type(part).__name__} did not come back within {self.outage_s:g} s "
+                            f"({type(e).__name__}: {e}) after {type(cause).__name__}: {cause}"
+                        ) from cause
+                time.sleep(1.0)
 
     def _start(self) -> int:
         """Mark the run running; resume after the last trained update, or warm-start."""
@@ -161,10 +242,7 @@ class RunDriver:
         rollout_s = time.monotonic() - started
         if self.cfg.corrector.wait == "update" and self.corrections is not None:
             queued = [sid for sid, ok in zip(ro.step_ids, ro.format_valid, strict=True) if ok]
-            timeout = self.cfg.corrector.wait_timeout_s
-            if wait_for_corrections(self.run_id, queued, timeout):
-                n = record_missing_as_failed(self.run_id, queued, self.cfg.corrector.name, timeout)
-                log.warning("run %s update %s: %s corrections timed out", self.run_id, u, n)
+            self._settle(queued)
         last_values = self._values(self.obs)
         rollout = self._to_rollout(ro, last_values)
         sha = self.blobs.put(rollout.to_bytes())
@@ -188,6 +266,10 @@ class RunDriver:
 
     def _finish_update(self, u: int, probe: list[Any]) -> None:
         extra = self._probe(probe) if probe else {}
+        episodes, every = self.cfg.metrics.eval_episodes, self.cfg.metrics.eval_every
+        # After the first update (a baseline close to the warm start), every N-th and the last.
+        if episodes and (u == 0 or (u + 1) % every == 0 or u + 1 == self.cfg.train.num_updates):
+            extra |= evaluate(self.envs, self.policy, self.cfg, episodes)
         with session_scope() as s:
             row = s.scalar(select(Update).where(Update.run_id == self.run_id, Update.idx == u))
             assert row is not None
@@ -261,9 +343,17 @@ class RunDriver:
                 # After the commit, so the workers see the rows.
                 self.corrections.submit(self.run_id, to_correct)
                 if self.cfg.corrector.wait == "step":
-                    wait_for_corrections(self.run_id, to_correct, self.cfg.corrector.wait_timeout_s)
+                    self._settle(to_correct)
             self.obs = [r.observation for r in results]
         return ro
+
+    def _settle(self, step_ids: list[int]) -> None:
+        """Strict modes: wait for these corrections (the missing re-sent once, then failed)."""
+        assert self.corrections is not None
+        name, timeout = self.cfg.corrector.name, self.cfg.corrector.wait_timeout_s
+        n = settle_corrections(self.corrections, self.run_id, step_ids, name, timeout)
+        if n:
+            log.warning("run %s: %s corrections timed out, recorded failed", self.run_id, n)
 
     def _record(self, s: Session, u: int, pos: int, e: int, g: Any, r: Any) -> Step:
         cur, obs = self.cursors[e], self.obs[e]

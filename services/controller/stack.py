@@ -1,4 +1,7 @@
-"""``gtr up``: the whole platform as separate processes on one machine, logs in data_dir/logs."""
+"""``gtr up``: the whole platform as separate processes on one machine, logs in data_dir/logs.
+
+A part that exits is restarted with a growing delay; one that keeps exiting stops the stack.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -37,7 +44,113 @@ def _wait_healthy(name: str, url: str, proc: subprocess.Popen, timeout_s: float 
     raise click.ClickException(f"{name} did not answer {url}/healthz within {timeout_s:.0f} s")
 
 
-def run_stack(port: int, model: Path | None) -> None:
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart a part that exits, as compose's `restart: always` and Kubernetes do, with a
+    doubling delay; a part that exits `max_restarts` times within `window_s` stops the stack
+    (a crash loop is a bug to read in the logs, not to hide)."""
+
+    max_restarts: int = 5  # 0: the first exit stops the stack
+    window_s: float = 300.0
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def delay(self, recent_exits: int) -> float:
+        return min(self.backoff_base_s * 2 ** max(recent_exits - 1, 0), self.backoff_max_s)
+
+
+@dataclass
+class Part:
+    name: str
+    cmd: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    exits: deque[float] = field(default_factory=deque)  # monotonic times, within the window
+    restart_at: float | None = None  # set while the part waits out its backoff
+
+
+class Supervisor:
+    """Starts the parts, restarts those that exit, and stops the stack on a crash loop."""
+
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        env: dict[str, str],
+        logs: Path,
+        policy: RestartPolicy | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.policy = policy or RestartPolicy()
+        self.echo = echo or (lambda msg: click.echo(msg, err=True))
+        self.parts = {n: Part(n, cmd, logs / f"{n}.log") for n, cmd in commands.items()}
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        return {n: p.proc for n, p in self.parts.items() if p.proc is not None}
+
+    def start(self) -> None:
+        for part in self.parts.values():
+            self._launch(part)
+
+    def _launch(self, part: Part) -> None:
+        with open(part.log, "ab") as log:  # the child keeps its own copy of the descriptor
+            part.proc = subprocess.Popen(
+                part.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        part.restart_at = None
+
+    def check(self) -> None:
+        """One pass: schedule the restart of parts that exited, launch those whose delay is over;
+        raises ClickException when a part exited too often."""
+        now = time.monotonic()
+        for part in self.parts.values():
+            if part.restart_at is not None:
+                if now >= part.restart_at:
+                    self._launch(part)
+                    assert part.proc is not None
+                    self._say(part, f"restarted (pid {part.proc.pid})")
+                continue
+            code = part.proc.poll() if part.proc is not None else None
+            if code is None:
+                continue
+            part.exits.append(now)
+            while part.exits and now - part.exits[0] > self.policy.window_s:
+                part.exits.popleft()
+            n = len(part.exits)
+            if n > self.policy.max_restarts:
+                why = (
+                    f"exited {n} times within {self.policy.window_s:g} s (last exit code {code})"
+                    if self.policy.max_restarts
+                    else f"exited with code {code} (restarts are off)"
+                )
+                raise click.ClickException(f"{part.name} {why}; stopping the stack; see {part.log}")
+            delay = self.policy.delay(n)
+            part.restart_at = now + delay
+            self._say(
+                part,
+                f"exited with code {code}; restarting in {delay:g} s "
+                f"(restart {n} of {self.policy.max_restarts} "
+                f"allowed within {self.policy.window_s:g} s)",
+            )
+
+    def _say(self, part: Part, what: str) -> None:
+        line = f"{datetime.now():%Y-%m-%d %H:%M:%S} gtr up: {part.name} {what}"
+        self.echo(line)
+        with open(part.log, "a") as log:  # the part's own log shows where it was restarted
+            log.write(line + "\n")
+
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Supervises until a part exits too often (ClickException) or Ctrl-C."""
+        while True:
+            self.check()
+            time.sleep(poll_s)
+
+    def stop(self) -> None:
+        stop_all(list(self.procs.values()))
+
+
+def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None) -> None:
     settings = get_settings()
     if not settings.database_url or not settings.redis_url:
         raise click.ClickException(
@@ -65,27 +178,23 @@ def run_stack(port: int, model: Path | None) -> None:
         "trainer": [*gtr, "worker", "trainer"],
         "controller": [*gtr, "controller"],
     }
-    procs: dict[str, subprocess.Popen] = {}
+    stack = Supervisor(commands, env, logs, policy)
     try:
-        for name, cmd in commands.items():
-            log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-            procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _wait_healthy("api", f"http://127.0.0.1:{port}", procs["api"])
-        _wait_healthy("env service", urls["env"], procs["env"])
-        _wait_healthy("policy service", urls["policy"], procs["policy"])
+        stack.start()
+        # A part that cannot even start (port taken, bad model) fails here rather than loop.
+        _wait_healthy("api", f"http://127.0.0.1:{port}", stack.procs["api"])
+        _wait_healthy("env service", urls["env"], stack.procs["env"])
+        _wait_healthy("policy service", urls["policy"], stack.procs["policy"])
         click.echo(f"gtr-lab is up: API and UI on http://127.0.0.1:{port}  (logs in {logs})")
         click.echo(
             "launch a run: gtr run create configs/numberline-tiny.toml"
             "  (GTR_TOKEN from 'gtr token create me')"
         )
-        while all(p.poll() is None for p in procs.values()):
-            time.sleep(1)
-        dead = [n for n, p in procs.items() if p.poll() is not None]
-        raise click.ClickException(f"{', '.join(dead)} stopped; see {logs}")
+        stack.watch()
     except KeyboardInterrupt:
         click.echo("stopping")
     finally:
-        stop_all(list(procs.values()))
+        stack.stop()
 
 
 def stop_all(procs: list[subprocess.Popen], grace_s: float = 15) -> None:

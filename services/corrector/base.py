@@ -26,6 +26,14 @@ class CorrectorError(RuntimeError):
         self.raw = raw
 
 
+class Spend(Protocol):
+    """A budget of calls and tokens; every call attempt reserves a call before it is sent."""
+
+    def charge_call(self) -> None: ...
+
+    def add_tokens(self, n: int) -> None: ...
+
+
 @dataclass
 class CallTrace:
     """What one correction cost, filled in by the corrector even when it fails."""
@@ -33,6 +41,7 @@ class CallTrace:
     attempts: int = 0  # HTTP requests made (tool rounds and retries included)
     tokens: int = 0
     raw: str | None = None  # the last raw answer, kept for audits
+    budget: Spend | None = None  # the run's budget, charged by every attempt and its tokens
 
 
 class Corrector(Protocol):

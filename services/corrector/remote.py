@@ -119,8 +119,9 @@ class _Remote(ABC):
 
     def _charge_tokens(self, n: int, trace: CallTrace) -> None:
         trace.tokens += n
-        if self.budget is not None:
-            self.budget.add_tokens(n)
+        for spend in (trace.budget, self.budget):
+            if spend is not None:
+                spend.add_tokens(n)
 
 
 def _retry_after(headers: Any) -> float | None:

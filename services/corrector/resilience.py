@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
-from services.corrector.base import CallTrace, CorrectorError
+from services.corrector.base import CallTrace, CorrectorError, Spend
 
 T = TypeVar("T")
 
@@ -150,13 +150,17 @@ class RetryPolicy:
 
 
 def call_with_retries(
-    send: Callable[[], T], policy: RetryPolicy, trace: CallTrace, budget: Budget | None = None
+    send: Callable[[], T], policy: RetryPolicy, trace: CallTrace, budget: Spend | None = None
 ) -> T:
-    """Calls `send` until it succeeds, retrying `Retryable` failures with backoff."""
+    """Calls `send` until it succeeds, retrying `Retryable` failures with backoff.
+
+    Each attempt first reserves a call from the run's budget (`trace.budget`) and `budget`.
+    """
     last: Retryable | None = None
     for attempt in range(policy.max_retries + 1):
-        if budget is not None:
-            budget.charge_call()
+        for spend in (trace.budget, budget):
+            if spend is not None:
+                spend.charge_call()
         trace.attempts += 1
         try:
             return send()

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,7 @@ from services.corrector.keys import decrypt_key
 from services.corrector.oracle import OracleCorrector
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
+from services.corrector.spend import run_budget
 from shared.db import models
 from shared.db.models import utcnow
 from shared.schemas import CorrectionRequest
@@ -111,26 +112,6 @@ def _existing(session: Session, step_id: int, name: str) -> models.Correction | 
     )
 
 
-def run_budget_left(session: Session, run_id: int, name: str) -> str | None:
-    """Why the run's corrector budget is spent (summed over its recorded corrections), or None."""
-    run = session.get(models.Run, run_id)
-    cfg: dict[str, Any] = (run.config or {}).get("corrector", {}) if run else {}
-    max_calls, max_tokens = cfg.get("max_calls"), cfg.get("max_tokens")
-    if max_calls is None and max_tokens is None:
-        return None
-    calls, tokens = session.execute(
-        select(
-            func.coalesce(func.sum(models.Correction.attempts), 0),
-            func.coalesce(func.sum(models.Correction.tokens), 0),
-        ).where(models.Correction.run_id == run_id, models.Correction.corrector == name)
-    ).one()
-    if max_calls is not None and calls >= max_calls:
-        return f"call budget of {max_calls} spent"
-    if max_tokens is not None and tokens >= max_tokens:
-        return f"token budget of {max_tokens} spent"
-    return None
-
-
 def record_correction(
     session: Session,
     step_id: int,
@@ -180,12 +161,12 @@ def _outcome(
     session: Session, step: models.Step, name: str, corrector: Corrector, blobs: BlobStore
 ) -> dict[str, Any]:
     """The columns of the step's correction: the result, or the failure and its reason."""
-    trace = CallTrace()
+    budget = run_budget(session, step.run_id, name)
+    trace = CallTrace(budget=budget)
     start = time.perf_counter()
     try:
-        spent = run_budget_left(session, step.run_id, name)
-        if spent:
-            raise BudgetExceeded(spent)
+        if budget is not None:
+            budget.check()  # spent already: no request is even built
         correction = corrector.correct(request_for_step(session, step, blobs), trace)
     except CorrectorError as e:
         return _failure(step, name, trace, start, f"{e.kind}: {e.reason}", e.raw)

@@ -24,6 +24,15 @@ from services.env.service import (
 )
 from shared.schemas import EnvConfig
 
+
+class EnvServiceError(RuntimeError):
+    """The env service answered with another error status (a 5xx: a crash or a restart)."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 _ERRORS: dict[int, type[Exception]] = {
     404: SessionNotFound,
     409: EpisodeNotStarted,
@@ -58,9 +67,21 @@ class EnvClient:
     def _call(self, method: str, path: str, json: Any = None) -> Any:
         resp = self._http.request(method, path, json=json)
         if resp.status_code >= 400:
-            detail = resp.json().get("detail", resp.text) if resp.content else resp.reason_phrase
-            raise _ERRORS.get(resp.status_code, RuntimeError)(f"{resp.status_code}: {detail}")
+            detail = resp.reason_phrase
+            if resp.content:
+                try:
+                    detail = resp.json().get("detail", resp.text)
+                except ValueError:  # a proxy's or a dying server's page, not our JSON
+                    detail = resp.text[:500]
+            message = f"{resp.status_code}: {detail}"
+            if resp.status_code in _ERRORS:
+                raise _ERRORS[resp.status_code](message)
+            raise EnvServiceError(message, resp.status_code)
         return resp.json() if resp.content else None
+
+    def health(self) -> None:
+        """Raises unless the service answers ``GET /healthz``."""
+        self._http.get("/healthz", timeout=5).raise_for_status()
 
     def create(
         self, task: str, config: EnvConfig | dict[str, Any] | None = None, seed: int | None = None

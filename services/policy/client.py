@@ -16,6 +16,10 @@ from services.policy.schemas import Generation, ScoreResponse, encode_png
 class PolicyServiceError(RuntimeError):
     """The policy service answered with an error status."""
 
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
 
 class PolicyClient:
     """Talks to `gtr policy serve`; returns the same `Generation` records as `Policy`."""
@@ -35,7 +39,7 @@ class PolicyClient:
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         r = self._http.post(path, json=body)
         if r.status_code >= 400:
-            raise PolicyServiceError(f"{path} -> {r.status_code}: {r.text}")
+            raise PolicyServiceError(f"{path} -> {r.status_code}: {r.text}", r.status_code)
         return r.json()
 
     def generate(
@@ -85,7 +89,7 @@ class PolicyClient:
         self._post("/checkpoints/load", {"path": str(path)})
 
     def health(self) -> dict[str, Any]:
-        r = self._http.get("/healthz")
+        r = self._http.get("/healthz", timeout=10)
         r.raise_for_status()
         return dict(r.json())
 

@@ -81,9 +81,18 @@ class Trainer:
         self.policy, self.cfg, self.algorithm = policy, train, algorithm
         self.temperature = (generation or GenerationConfig()).temperature
         self.params = _unique(policy.trainable_parameters())
+        head = {id(p) for p in getattr(policy, "value_head", torch.nn.Module()).parameters()}
+        groups: list[dict[str, Any]] = [
+            {"params": [p for p in self.params if id(p) not in head]},
+            # The value head starts at zero and must catch up with the returns quickly; the
+            # policy must not move fast: separate learning rates (tiny-numberline.md: 1e-3 / 1e-4).
+            {"params": [p for p in self.params if id(p) in head], "lr": train.value_lr or train.lr},
+        ]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=train.lr, eps=train.adam_eps, weight_decay=0.0
+            [g for g in groups if g["params"]], lr=train.lr, eps=train.adam_eps, weight_decay=0.0
         )
+        # SFT gradients kept apart until the optimiser step when clip_per_loss is on.
+        self._sft_grads: list[Tensor | None] | None = None
         self.scheduler = make_scheduler(self.optimizer, train)
         self.update_idx = -1  # index of the last finished update; -1 = none yet
         self.rng = np.random.default_rng(seed)
@@ -102,9 +111,12 @@ class Trainer:
         as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
         values = as_te(rollout.values)
         _, returns = algos.compute_gae(
-            as_te(rollout.rewards), values, as_te(rollout.dones),
+            as_te(rollout.rewards),
+            values,
+            as_te(rollout.dones),
             torch.as_tensor(rollout.last_values, dtype=torch.float32),
-            self.cfg.gamma, self.cfg.gae_lambda,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
         )
         bonus = self.cfg.format_reward
         returns = algos.add_format_reward(returns, as_te(rollout.format_valid), bonus)
@@ -135,10 +147,14 @@ class Trainer:
         eos = torch.as_tensor(rollout.response_ids[cut] == self.policy.eos_id).float().to(dev)
         old_tok = torch.as_tensor(rollout.old_logprobs[cut]).float().to(dev)  # (B, L)
         return Batch(
-            idx=idx, response_ids=ids,
+            idx=idx,
+            response_ids=ids,
             old_logprobs=algos.sequence_logprob(old_tok, th, ac, self.cfg.thought_coef, eos),
-            thought_mask=th, action_mask=ac, eos_mask=eos,
-            advantages=adv[idx], returns=ret[idx],
+            thought_mask=th,
+            action_mask=ac,
+            eos_mask=eos,
+            advantages=adv[idx],
+            returns=ret[idx],
             old_values=torch.as_tensor(rollout.values[idx], dtype=torch.float32).to(dev),
         )
 
@@ -180,16 +196,30 @@ class Trainer:
         loss = algos.thought_sft_loss(out.logprobs, sft_mask * out.mask.float())
         return loss, {"losses/sft": loss.item()}
 
-    def optimizer_step(self) -> float:
-        """Average gradients across processes, clip, step; returns the pre-clip grad norm."""
+    def optimizer_step(self) -> dict[str, float]:
+        """Average gradients across processes, clip, step; returns the pre-clip grad norms."""
+        sft_grads, self._sft_grads = self._sft_grads, None
         if self.accelerator is not None and self.accelerator.num_processes > 1:
             for p in self.params:
                 if p.grad is not None:
                     p.grad = self.accelerator.reduce(p.grad, reduction="mean")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            if sft_grads is not None:
+                sft_grads = [
+                    None if g is None else self.accelerator.reduce(g, reduction="mean")
+                    for g in sft_grads
+                ]
+        clipped = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        norms = {"grad_norm": float(clipped)}
+        if sft_grads is not None:
+            # Each term clipped on its own, then summed: the SFT term keeps its size however
+            # large the PPO gradient is (docs/training.md, "Balancing PPO and SFT").
+            norms["grad_norm/sft"] = float(clip_tensors(sft_grads, self.cfg.max_grad_norm))
+            for p, g in zip(self.params, sft_grads, strict=True):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad + g
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norms
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -210,14 +240,18 @@ class Trainer:
                 if use_sft:
                     examples = buffer.sample(len(batch.idx), self.rng)  # type: ignore[union-attr]
                     sft, s = self.sft_loss(examples)
-                    loss, stats = loss + self.cfg.sft_coef * sft, _append(stats, s)
+                    stats = _append(stats, s)
+                    if self.cfg.clip_per_loss and use_ppo:
+                        self._accumulate_sft(self.cfg.sft_coef * sft / self.cfg.grad_accum)
+                    else:
+                        loss = loss + self.cfg.sft_coef * sft
                 if loss.requires_grad:
                     self._backward(loss / self.cfg.grad_accum)
                 micro += 1
                 if micro % self.cfg.grad_accum == 0:
-                    stats = _append(stats, {"grad_norm": self.optimizer_step()})
+                    stats = _append(stats, self.optimizer_step())
         if micro % self.cfg.grad_accum:
-            stats = _append(stats, {"grad_norm": self.optimizer_step()})
+            stats = _append(stats, self.optimizer_step())
         self.scheduler.step()
         self.update_idx += 1
         metrics = {k: float(np.mean(v)) for k, v in stats.items()}
@@ -248,6 +282,17 @@ class Trainer:
             self._targets[ex.correction_id] = encode_target(self.policy, ex.target, ex.masked_span)
         return self._targets[ex.correction_id]
 
+    def _accumulate_sft(self, loss: Tensor) -> None:
+        """Backward of the SFT term into its own buffer (clipped apart at the optimiser step)."""
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        if self._sft_grads is None:
+            self._sft_grads = list(grads)
+        else:
+            self._sft_grads = [
+                g if a is None else a if g is None else a + g
+                for a, g in zip(self._sft_grads, grads, strict=True)
+            ]
+
     def _backward(self, loss: Tensor) -> None:
         if self.accelerator is not None:
             self.accelerator.backward(loss)
@@ -275,6 +320,18 @@ def encode_target(
     a = first_token_past(policy.tokenizer, ids, lo)
     b = first_token_past(policy.tokenizer, ids, hi - 1)
     return ids, [0 if a <= k <= b else 1 for k in range(len(ids))]
+
+
+def clip_tensors(grads: list[Tensor | None], max_norm: float) -> Tensor:
+    """Scale a list of gradient tensors in place to a total L2 norm; returns the norm before."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return torch.zeros(())
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in present]))
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in present:
+        g.mul_(scale)
+    return norm
 
 
 def _unique(params: Any) -> list[torch.nn.Parameter]:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,8 @@ log = logging.getLogger(__name__)
 TRAINED_KEY = "trained"
 # An accelerate config file: set on a multi-GPU trainer pod to run each update data-parallel.
 ACCELERATE_ENV = "GTR_TRAINER_ACCELERATE_CONFIG"
+# Seconds between a running task's beats (``_beating``); the controller's lost_after_s is larger.
+BEAT_S = 2.0
 
 
 @dataclass
@@ -167,28 +172,55 @@ def forget_run(run_id: int) -> None:
     _RUNS.pop(run_id, None)
 
 
-@celery_app.task(name=TASK_INIT, acks_late=True)
-def init(run_id: int) -> dict[str, Any]:
+@contextmanager
+def _beating(task: Any, every_s: float = BEAT_S) -> Iterator[None]:
+    """While a task runs, a thread rewrites its STARTED state with a new beat: the controller
+    tells a worker at work from a killed one by it (a busy solo worker answers no broadcast)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while not stop.wait(every_s):
+            n += 1
+            try:
+                task.update_state(state="STARTED", meta={"pid": os.getpid(), "beat": n})
+            except Exception:  # Redis restarting: the next beat lands in the new one
+                log.debug("beat of task %s failed", task.request.id, exc_info=True)
+
+    thread = threading.Thread(target=beat, name="beat", daemon=True)
+    if task.request.id and not task.request.is_eager:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()  # a beat stored after the result would turn it back into STARTED
+
+
+@celery_app.task(name=TASK_INIT, acks_late=True, bind=True)
+def init(self: Any, run_id: int) -> dict[str, Any]:
     """Celery entry point: one transaction around ``run_init``."""
     from shared.db.session import session_scope
 
-    with session_scope() as session:
+    with _beating(self), session_scope() as session:
         return run_init(session, run_id)
 
 
-@celery_app.task(name=TASK_UPDATE, acks_late=True)
-def update(run_id: int, update_idx: int) -> dict[str, Any]:
+@celery_app.task(name=TASK_UPDATE, acks_late=True, bind=True)
+def update(self: Any, run_id: int, update_idx: int) -> dict[str, Any]:
     """Celery entry point: one transaction around ``run_update``."""
     from shared.db.session import session_scope
 
     config_file = os.environ.get(ACCELERATE_ENV)
     try:
-        if config_file:  # several GPUs: one data-parallel job per update
-            from services.trainer.distributed import launch
+        with _beating(self):
+            if config_file:  # several GPUs: one data-parallel job per update
+                from services.trainer.distributed import launch
 
-            return launch(run_id, update_idx, config_file)
-        with session_scope() as session:
-            return run_update(session, run_id, update_idx)
+                return launch(run_id, update_idx, config_file)
+            with session_scope() as session:
+                return run_update(session, run_id, update_idx)
     except BaseException:
         forget_run(run_id)
         raise

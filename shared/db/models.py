@@ -195,6 +195,23 @@ class Correction(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class CorrectorSpend(Base):
+    """Calls and tokens a run has spent on a corrector: every call attempt reserves one call here,
+    atomically, before it is sent (`services/corrector/spend.py`).
+
+    Kept apart from `corrections`: a reservation commits at once on a connection of its own, so a
+    call stays counted when its correction is rolled back, discarded with its rollout, or its
+    worker dies mid-call. No foreign key: that connection may not yet see a run its caller added.
+    """
+
+    __tablename__ = "corrector_spend"
+
+    run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    corrector: Mapped[str] = mapped_column(String(100), primary_key=True)
+    calls: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("run_id", "update_idx"),)

@@ -1,4 +1,5 @@
-"""The documented full-stack path: `gtr up`, then `gtr run create` and `gtr run watch`."""
+"""The documented full-stack path: `gtr up`, then `gtr run create` and `gtr run watch`; a part
+killed under `gtr up` comes back."""
 
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ def _gtr(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.Com
     )
 
 
+def _child(parent: int, role: str) -> int:
+    """The pid of the `gtr <role>` process that `parent` started."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or gone meanwhile
+        if ppid == parent and role.encode() in argv:
+            return int(proc.name)
+    raise AssertionError(f"no {role} child of {parent}")
+
+
 def test_gtr_up_then_run_create_and_watch(
     pg_url: str, redis_url: str, warm_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -50,6 +64,15 @@ def test_gtr_up_then_run_create_and_watch(
                 break
         assert up.poll() is None, "gtr up exited early"
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        # A part killed outright is restarted, and the restarted controller drives the run below.
+        os.kill(_child(up.pid, "controller"), signal.SIGKILL)
+        said: list[str] = []
+        for line in up.stdout:
+            said.append(line)
+            if "controller restarted" in line or up.poll() is not None:
+                break
+        assert any("controller exited with code -9; restarting in 1 s" in x for x in said), said
+        assert up.poll() is None, said
         token = _gtr("token", "create", "up-test", env=env).stdout.strip()
         api = ["--url", f"http://127.0.0.1:{port}", "--token", token]
         cfg = tmp_path / "run.toml"

@@ -147,33 +147,26 @@ def test_the_token_budget_stops_further_calls(db, fake: FakeOpenAI) -> None:  # 
     assert [r.status for r in rows] == ["done"] * 3 + ["failed"] * 2
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    reason="record_correction checks the run budget once per correction (run_budget_left), then "
-    "call_with_retries retries without a budget: a failing endpoint gets max_retries+1 calls "
-    "per step past the limit (services/corrector/service.py::_outcome)",
-)
 def test_the_call_budget_holds_while_retrying(db, fake: FakeOpenAI) -> None:  # type: ignore[no-untyped-def]
     fake.default = Reply(503, {"error": {"message": "overloaded"}})
     steps = _steps(db, 4, corrector={"max_calls": 4})
-    for s in steps:
+    rows = [
         record_correction(db, s, "fake", _corrector(fake, max_retries=2, breaker_threshold=100))
-    assert len(fake.requests) <= 4
+        for s in steps
+    ]
+    # Each retry reserves its call: 3 attempts for the first step, 1 for the second, then none.
+    assert len(fake.requests) == 4 and [r.attempts for r in rows] == [3, 1, 0, 0]
+    assert rows[0].error.startswith("transport: gave up after 3 attempts")
+    assert all(r.error == "budget: call budget of 4 spent" for r in rows[1:])
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    reason="the run budget is summed over recorded corrections only: calls in flight in other "
-    "threads/workers are not counted, so concurrent corrections all pass run_budget_left "
-    "(services/corrector/service.py::run_budget_left)",
-)
 def test_the_call_budget_holds_under_concurrency(pg_url: str, fake: FakeOpenAI) -> None:
     slow = chat(NO)
     slow.delay_s = 1.0
     fake.default = slow
     with session_scope() as s:
         steps = _steps(s, 8, corrector={"max_calls": 3})
-    corrector = _corrector(fake, concurrency=8)
+    corrector = _corrector(fake, concurrency=8, timeout_s=5.0)  # answers take 1 s
 
     def one(step_id: int) -> str:
         with session_scope() as s:
@@ -186,4 +179,5 @@ def test_the_call_budget_holds_under_concurrency(pg_url: str, fake: FakeOpenAI) 
             select(models.Correction).where(models.Correction.step_id.in_(steps))
         ).all()
         assert len(rows) == 8 and statuses.count("done") == len(fake.requests)
-    assert len(fake.requests) <= 3
+        assert sum(r.attempts for r in rows) == 3
+    assert len(fake.requests) == 3  # never more, and the budget is used in full

@@ -52,13 +52,6 @@ def test_an_oversized_body_is_refused_before_it_is_read(api: dict) -> None:
     assert r.status_code == 413
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    reason=(
-        "BodyLimit (services/api/middleware.py) checks the Content-Length header only: a chunked "
-        "body of any size is read whole and parsed (422), never refused with 413"
-    ),
-)
 def test_an_oversized_chunked_body_is_refused(api: dict) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"name": "'
@@ -66,8 +59,23 @@ def test_an_oversized_chunked_body_is_refused(api: dict) -> None:
             yield b"a" * 65536
         yield b'", "task": "numberline"}'
 
+    before = _runs()
     r = _post_run(api, content=chunks())
     assert r.status_code == 413, r.status_code
+    assert r.json() == {"detail": f"request body over {MAX_BODY_BYTES} bytes"}
+    assert _runs() == before
+
+
+def test_a_chunked_body_under_the_limit_is_read_whole(api: dict) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"name": "chunked", '
+        yield b'"task": "numberline"}'
+
+    r = _post_run(api, content=chunks())
+    assert r.status_code == 201, r.text
+    assert r.json()["name"] == "chunked"
+    cancel = httpx.post(f"{api['url']}/api/runs/{r.json()['id']}/cancel", headers=api["headers"])
+    assert cancel.status_code == 200
 
 
 @pytest.mark.parametrize(

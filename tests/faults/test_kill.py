@@ -69,7 +69,13 @@ def stack(warm_checkpoint: Path) -> Iterator[dict[str, Any]]:
     from shared.db.migrate import upgrade
 
     upgrade(pg.url)
-    env = {**os.environ, "GTR_DATABASE_URL": pg.url, "GTR_REDIS_URL": redis_server.url}
+    env = {
+        **os.environ,
+        "GTR_DATABASE_URL": pg.url,
+        "GTR_REDIS_URL": redis_server.url,
+        # A lost trainer task is sent again after 8 s without a sign of life (default 30 s).
+        "GTR_TRAINER_LOST_AFTER_S": "8",
+    }
     st = Stack(root, env, default_model())
     try:
         for name in st.args:
@@ -234,15 +240,6 @@ def test_kill_the_controller_mid_rollout(fresh: dict) -> None:
     _finish(fresh, run_id, 300)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    raises=NotSurvived,
-    reason=(
-        "RunDriver.run (services/controller/service.py) ends the run 'failed' on the first "
-        "env-service error (ConnectError), EnvClient has no retry, the env sessions died with "
-        "the service, and nothing resumes a failed run (loop.claim_next)"
-    ),
-)
 def test_kill_the_env_service_mid_rollout(fresh: dict) -> None:
     run_id = _launch(fresh)
     _mid_rollout(fresh, run_id)
@@ -250,15 +247,6 @@ def test_kill_the_env_service_mid_rollout(fresh: dict) -> None:
     _finish(fresh, run_id)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    raises=NotSurvived,
-    reason=(
-        "RunDriver.run ends the run 'failed' on the first policy-service error "
-        "(RemoteProtocolError), PolicyClient has no retry, nothing resumes a failed run; a "
-        "restarted policy service serves the base weights until load_weights is called again"
-    ),
-)
 def test_kill_the_policy_service_mid_rollout(fresh: dict) -> None:
     run_id = _launch(fresh)
     _mid_rollout(fresh, run_id)
@@ -266,15 +254,6 @@ def test_kill_the_policy_service_mid_rollout(fresh: dict) -> None:
     _finish(fresh, run_id)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    raises=NotSurvived,
-    reason=(
-        "a killed worker's unacked corrector.correct tasks come back only after the broker's "
-        "visibility_timeout (3600 s, shared/queues.py); the strict wait gives up after "
-        "wait_timeout_s and records nothing (services/controller/backends.py, service.py)"
-    ),
-)
 def test_kill_the_corrector_worker_with_calls_in_flight(fresh: dict) -> None:
     fake = FakeOpenAI()
     threading.Thread(target=fake.server.serve_forever, args=(0.05,), daemon=True).start()
@@ -327,15 +306,6 @@ def _in_training(st: Stack) -> Callable[[], bool]:
     return check
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    raises=NotSurvived,
-    reason=(
-        "the killed trainer's unacked update task is redelivered only after the visibility_timeout "
-        "(3600 s, shared/queues.py) while CeleryTrainer._call waits on its result for up to 6 h "
-        "(services/controller/backends.py): the run stalls"
-    ),
-)
 def test_kill_the_trainer_worker_mid_update(fresh: dict) -> None:
     training = _in_training(fresh["stack"])
     run_id = _launch(fresh, train=LONG_UPDATES)
@@ -347,15 +317,6 @@ def test_kill_the_trainer_worker_mid_update(fresh: dict) -> None:
     _finish(fresh, run_id, 60)  # a fixed platform: the update again (~5 s) and the rest (~20 s)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    raises=NotSurvived,
-    reason=(
-        "send_task publishes with Celery's default retry policy (3 retries, about a second): "
-        "while Redis is down it raises kombu OperationalError and RunDriver.run ends the run "
-        "'failed' (services/controller/backends.py::CeleryCorrections.submit, CeleryTrainer._call)"
-    ),
-)
 def test_restart_redis_mid_rollout(fresh: dict) -> None:
     """Redis is down for a few seconds (a restart, a failover) while the rollout queues
     corrections: nothing is lost if the controller waits for it to come back."""
@@ -378,15 +339,6 @@ def test_restart_redis_mid_update(fresh: dict) -> None:
     _finish(fresh, run_id, 150)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known gap (docs/reliability.md); timing can let it pass
-    raises=NotSurvived,
-    reason=(
-        "a trainer.update message still queued in Redis is lost with its data (no persistence) "
-        "and CeleryTrainer._call (services/controller/backends.py) waits up to 6 h on its result "
-        "without sending it again: the run stalls"
-    ),
-)
 def test_restart_redis_with_an_update_queued(fresh: dict) -> None:
     """The trainer worker is away (a pod being rescheduled) when Redis restarts."""
     run_id = _launch(fresh)

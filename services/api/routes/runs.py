@@ -81,6 +81,14 @@ def cancel_run(run_id: RunId, db: Db, token: Writer) -> RunOut:
     return run_out(db, run)
 
 
+@router.post("/runs/{run_id}/resume", response_model=RunOut)
+def resume_run(run_id: RunId, db: Db, token: Writer) -> RunOut:
+    """Queue a failed run again; it resumes after its last trained update."""
+    run = service.resume_run(db, token, run_id)
+    db.commit()
+    return run_out(db, run)
+
+
 @router.get("/runs/{run_id}/updates", response_model=Page[UpdateOut])
 def list_updates(
     run_id: RunId, db: Db, token: Reader, limit: Limit = 500, offset: Offset = 0

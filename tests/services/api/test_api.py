@@ -67,6 +67,22 @@ def test_create_list_get_cancel(client: httpx.Client) -> None:
     assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
 
 
+def test_resume_a_failed_run(base_url: str, client: httpx.Client) -> None:
+    run = client.post("/api/runs", json=CONFIG).json()
+    refused = client.post(f"/api/runs/{run['id']}/resume")
+    assert refused.status_code == 409 and "only a failed run" in refused.json()["detail"]
+    with session_scope() as s:
+        row = s.get(Run, run["id"])
+        assert row is not None
+        row.status, row.error = "failed", "ConnectError: the env service went away"
+    reader = {"Authorization": f"Bearer {_token('read')}"}
+    other = {"Authorization": f"Bearer {_token('write', 'team-c')}"}
+    assert httpx.post(f"{base_url}/api/runs/{run['id']}/resume", headers=reader).status_code == 403
+    assert httpx.post(f"{base_url}/api/runs/{run['id']}/resume", headers=other).status_code == 404
+    resumed = client.post(f"/api/runs/{run['id']}/resume").json()
+    assert resumed["status"] == "queued" and resumed["finished_at"] is None
+
+
 def test_pagination(client: httpx.Client) -> None:
     for i in range(5):
         assert client.post("/api/runs", json={**CONFIG, "name": f"page-{i}"}).status_code == 201

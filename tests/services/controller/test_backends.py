@@ -3,15 +3,21 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from services.api.service import create_run
-from services.controller.backends import record_missing_as_failed, wait_for_corrections
+from services.controller.backends import (
+    ThreadCorrections,
+    record_missing_as_failed,
+    settle_corrections,
+    wait_for_corrections,
+)
 from services.controller.recorder import add_step, open_episode
 from shared.db.models import Correction
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
+from shared.settings import Settings
 from shared.storage import blob_store
 
 
-def _steps(n: int) -> tuple[int, list[int]]:
+def _steps(n: int, state: dict | None = None) -> tuple[int, list[int]]:
     with session_scope() as s:
         run = create_run(s, RunConfig(task="numberline"), "ctrl-test")
         ep = open_episode(s, run.id, 0, 0, 0)
@@ -31,7 +37,7 @@ def _steps(n: int) -> tuple[int, list[int]]:
                 action_valid=True,
                 reward=0.0,
                 done=False,
-                state={},
+                state=state or {},
             )
             s.flush()
             ids.append(step.id)
@@ -54,3 +60,18 @@ def test_timed_out_corrections_are_recorded_failed_once(pg_url: str) -> None:
     assert sorted(r.status for r in rows) == ["done", "failed", "failed"]
     assert all("timeout" in (r.error or "") for r in rows if r.status == "failed")
     assert wait_for_corrections(run_id, ids, timeout_s=0.1) == 0
+
+
+def test_missing_corrections_are_sent_again_once_before_they_fail(pg_url: str) -> None:
+    """Tasks lost with a killed worker or with Redis's data (here: never sent) are sent again at
+    the strict wait's timeout; what the re-send corrects is not recorded as a timeout."""
+    run_id, ids = _steps(3, state={"current": 2, "target": 4})
+    pool = ThreadCorrections("oracle", noise=0.0, seed=0, settings=Settings())
+    try:
+        assert settle_corrections(pool, run_id, ids, "oracle", timeout_s=3.0) == 0
+    finally:
+        pool.close()
+    with session_scope() as s:
+        rows = s.scalars(select(Correction).where(Correction.run_id == run_id)).all()
+    assert sorted(r.step_id for r in rows) == ids
+    assert all(r.status == "done" for r in rows), [(r.status, r.error) for r in rows]

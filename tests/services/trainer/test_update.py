@@ -135,3 +135,38 @@ def test_resume_equals_uninterrupted_training(tiny_dir: Path, tmp_path: Path) ->
         torch.testing.assert_close(wa[key], wc[key], rtol=1e-5, atol=1e-6, msg=key)
         moved += "lora_" in key
     assert moved and a.optimizer.param_groups[0]["lr"] == c.optimizer.param_groups[0]["lr"]
+
+
+def test_clip_per_loss_keeps_sft_learning_under_a_huge_ppo_gradient(tiny_dir: Path) -> None:
+    # Returns of ±300 give the value loss a gradient thousands of times the SFT one: clipped
+    # together, the SFT share of the step all but vanishes; clipped apart, SFT keeps its size.
+    shas = [put_image((0, 0, 0)), put_image((255, 255, 255))]
+    texts = [output(TARGETS[0], "-"), output(TARGETS[1], "+")]
+
+    def sft_after(per_loss: bool) -> tuple[float, dict[str, float]]:
+        torch.manual_seed(0)
+        policy = Policy.load(tiny_dir, finetune="full")
+        buffer = DaggerBuffer(run_id=0)
+        buffer.add(sft_examples(shas))
+        trainer = Trainer(policy, cfg(clip_per_loss=per_loss, ppo_epochs=8), "gtr", seed=0)
+        rollout = rollout_of(policy, shas, ["go", "go"], texts, [300.0, -300.0], num_envs=2)
+        first = trainer.update(rollout, buffer)  # later on, both PPO clips cut the gradient
+        for _ in range(4):
+            last = trainer.update(rollout, buffer)
+        return last["losses/sft"], first
+
+    together, m_together = sft_after(False)
+    apart, m_apart = sft_after(True)
+    assert "grad_norm/sft" not in m_together and m_apart["grad_norm/sft"] > 0
+    assert m_apart["grad_norm"] > 100 * m_apart["grad_norm/sft"]  # the premise: PPO dominates
+    assert apart < 0.5 * together
+
+
+def test_value_head_has_its_own_learning_rate(tiny_dir: Path) -> None:
+    policy = Policy.load(tiny_dir, finetune="lora")
+    trainer = Trainer(policy, cfg(lr=1e-4, value_lr=1e-2), "rl4vlm", seed=0)
+    body, head = trainer.optimizer.param_groups
+    assert body["lr"] == 1e-4 and head["lr"] == 1e-2
+    assert {id(p) for p in head["params"]} == {id(p) for p in policy.value_head.parameters()}
+    same = Trainer(policy, cfg(lr=1e-4), "rl4vlm", seed=0).optimizer.param_groups
+    assert [g["lr"] for g in same] == [1e-4, 1e-4]

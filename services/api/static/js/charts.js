@@ -1,7 +1,7 @@
 // Chart helpers shared by the run and compare pages (uPlot, vendored in static/vendor/uplot).
 gtr.charts = {
   GROUPS: [
-    {title: 'Success rate', keys: ['success_rate'], unit: true},
+    {title: 'Success rate', keys: ['success_rate', 'eval/success_rate'], unit: true},
     {title: 'Episode return', keys: ['episode_return']},
     {title: 'Corrector disagreement & validity', keys: ['corrected_rate', 'format_valid_rate', 'action_valid_rate'], unit: true},
     {title: 'Losses', keys: ['losses/policy', 'losses/value', 'losses/sft']},

@@ -1,0 +1,81 @@
+"""Greedy evaluation on the real env pool, played by the expert and by an agent that can't write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from services.controller.console import summary_columns
+from services.controller.evaluate import EVAL_SEED, evaluate
+from services.env.service import EnvPool
+from shared.schemas import RunConfig
+
+
+@dataclass
+class _Gen:
+    text: str
+
+
+class AlwaysPlus:
+    """Always moves up: wins exactly the deals whose target lies above the current number."""
+
+    def generate(self, images: list[Any], prompts: list[str], **kw: Any) -> list[_Gen]:
+        assert kw["greedy"] is True
+        return [_Gen('{"action": "+"}') for _ in images]
+
+
+class Babbler:
+    """Never writes a parsable answer."""
+
+    def generate(self, images: list[Any], prompts: list[str], **kw: Any) -> list[_Gen]:
+        return [_Gen("I am not sure") for _ in images]
+
+
+def _cfg(**metrics: Any) -> RunConfig:
+    return RunConfig.model_validate(
+        {"task": "numberline", "env": {"image_size": 64, "invalid_action": "noop"}, **metrics}
+    )
+
+
+def test_a_model_that_cannot_write_never_succeeds_and_sessions_are_closed() -> None:
+    pool = EnvPool()
+    out = evaluate(pool, Babbler(), _cfg(), episodes=8)
+    assert out["eval/episodes"] == 8
+    assert out["eval/success_rate"] == 0.0
+    assert out["eval/episode_return"] < 0  # every no-op costs
+    assert len(pool) == 0
+
+
+def test_success_counts_exactly_the_deals_the_agent_can_win() -> None:
+    pool, cfg = EnvPool(), _cfg()
+    deals = []
+    for i in range(40):  # the same seeded deals the evaluation plays
+        sid = pool.create("numberline", cfg.env, seed=EVAL_SEED + i)
+        deals.append(pool.reset(sid).state)
+        pool.close(sid)
+    winnable = sum(d["target"] > d["current"] for d in deals) / len(deals)
+    assert 0 < winnable < 1
+    out = evaluate(pool, AlwaysPlus(), cfg, episodes=40)
+    assert out["eval/success_rate"] == pytest.approx(winnable)
+    assert out["eval/episodes"] == 40
+
+
+def test_summary_columns_follow_evaluations_then_spread_evenly() -> None:
+    evaluated = [{"eval/success_rate": 0.5} if i in (0, 4, 9) else {} for i in range(10)]
+    assert summary_columns(evaluated) == [0, 4, 9]
+    assert summary_columns([{}] * 25) == [0, 5, 10, 14, 19, 24]
+    assert summary_columns([{}]) == [0]
+    assert summary_columns([]) == []
+    many = [{"eval/success_rate": 1.0}] * 40
+    cols = summary_columns(many)
+    assert cols[0] == 0 and cols[-1] == 39 and len(cols) <= 7
+
+
+@pytest.mark.parametrize("episodes", [1, 40])
+def test_evaluation_is_paired_the_same_deals_every_time(episodes: int) -> None:
+    pool = EnvPool()
+    a = evaluate(pool, Babbler(), _cfg(), episodes=episodes)
+    b = evaluate(pool, Babbler(), _cfg(), episodes=episodes)
+    assert a == b

@@ -1,0 +1,108 @@
+"""How the controller tells an outage from a bug, waits for the services, and sends a lost
+trainer task again: real servers, a real Redis and a real worker, nothing killed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from kombu.exceptions import OperationalError
+
+from services.api.service import create_run
+from services.controller.backends import CeleryTrainer, InProcessTrainer, queued_messages
+from services.controller.service import Outage, RunDriver, is_interruption
+from services.env.app import create_app
+from services.env.client import EnvClient, EnvServiceError
+from services.env.service import EnvError, SessionNotFound
+from services.policy.client import PolicyServiceError
+from shared.db.session import session_scope
+from shared.queues import QUEUE_TRAINER, celery_app
+from shared.schemas import RunConfig
+from tests.conftest import celery_worker, free_port, live_server
+
+
+def _caused_by_redis() -> RuntimeError:
+    try:
+        try:
+            raise redis.exceptions.ConnectionError("Connection refused")
+        except redis.exceptions.ConnectionError as e:
+            raise RuntimeError("Retry limit exceeded ... result store backend") from e
+    except RuntimeError as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (httpx.ConnectError("refused"), True),
+        (httpx.RemoteProtocolError("Server disconnected"), True),
+        (httpx.ReadTimeout("slow"), True),
+        (SessionNotFound("a1b2"), True),
+        (EnvServiceError("502: Bad Gateway", 502), True),
+        (PolicyServiceError("/generate -> 500: boom", 500), True),
+        (OperationalError("Connection refused"), True),
+        (_caused_by_redis(), True),
+        (PolicyServiceError("/generate -> 422: bad prompt", 422), False),
+        (EnvError("illegal action"), False),
+        (ValueError("a bug"), False),
+    ],
+)
+def test_outages_are_told_from_the_runs_own_errors(error: Exception, outage: bool) -> None:
+    assert is_interruption(error) is outage
+
+
+def _driver(env_url: str, **kw: Any) -> RunDriver:
+    with session_scope() as s:
+        run_id = create_run(s, RunConfig(task="numberline"), "outage-test").id
+    envs = EnvClient(env_url, timeout=5)
+    return RunDriver(run_id, envs, policy=None, corrections=None, trainer=InProcessTrainer(), **kw)
+
+
+def test_the_driver_waits_for_a_service_and_gives_up_with_the_reason(pg_url: str) -> None:
+    port = free_port()
+    driver = _driver(f"http://127.0.0.1:{port}", outage_s=1.0, max_interruptions=2)
+    started = time.monotonic()
+    with pytest.raises(Outage, match=r"EnvClient did not come back within 1 s.*ConnectError"):
+        driver._wait_for_services(httpx.ConnectError("refused"))
+    assert time.monotonic() - started < 10
+
+    with live_server(create_app(), port):  # the service is back
+        driver.outage_s = 60
+        driver._wait_for_services(httpx.ConnectError("refused"))
+        driver._ride_out(httpx.ConnectError("refused"))
+        driver._ride_out(httpx.ConnectError("refused"))
+        with pytest.raises(Outage, match="gave up after 2 interruptions in a row"):
+            driver._ride_out(httpx.ConnectError("refused"))
+
+
+def test_a_lost_trainer_task_is_sent_again_and_a_queued_one_is_not(redis_url: str) -> None:
+    """The update message is waiting (no worker yet): it is not duplicated. Then Redis loses it
+    (the queue is emptied, as a restart without persistence does) and a worker comes: the
+    controller sends the task again, and the worker's answer comes back."""
+    celery_app.conf.broker_url = celery_app.conf.result_backend = redis_url
+    celery_app.control.purge()
+    trainer = CeleryTrainer(timeout_s=120, lost_after_s=1.0, slice_s=0.2)
+    outcome: dict[str, BaseException] = {}
+
+    def call() -> None:
+        try:
+            trainer.update(2**31 - 1, 0)  # no such run: the worker answers UpdateError
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while queued_messages(QUEUE_TRAINER) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.0)  # past lost_after_s: a queued task counts as held
+    assert queued_messages(QUEUE_TRAINER) == 1
+    redis.Redis.from_url(redis_url).delete(QUEUE_TRAINER)  # the message is lost
+    with celery_worker(QUEUE_TRAINER):
+        thread.join(timeout=90)
+    assert not thread.is_alive()
+    assert type(outcome["error"]).__name__ == "UpdateError", outcome
