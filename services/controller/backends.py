@@ -212,7 +212,7 @@ def broker_ping(timeout_s: float = 2.0) -> None:
 
 
 def queued_messages(queue: str) -> int:
-    with celery_app.connection_for_read() as conn:
+    with celery_app.pool.acquire(block=True) as conn:
         try:
             return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
         except ChannelError:  # Redis drops an empty queue's key: nothing waits in it
@@ -256,7 +256,8 @@ class CeleryTrainer:
             if now > deadline:
                 raise TimeoutError(f"{name}{args} did not finish within {self.timeout_s:g} s")
             try:
-                look = (result.state, result.info)  # STARTED carries the worker's beat
+                meta = celery_app.backend.get_task_meta(result.id)
+                look = (meta["status"], meta.get("result"))  # STARTED carries the worker's beat
                 queued = look[0] == "PENDING" and queued_messages(QUEUE_TRAINER) > 0
             except BROKER_ERRORS:
                 continue  # Redis away: the next result.get tells
@@ -276,12 +277,12 @@ class CeleryTrainer:
         self._call(TASK_INIT, [run_id])
         return checkpoint_dir(run_id, -1)
 
-    def health(self) -> None:
-        broker_ping()
-
     def update(self, run_id: int, update_idx: int) -> Path:
         self._call(TASK_UPDATE, [run_id, update_idx])
         return checkpoint_dir(run_id, update_idx)
+
+    def health(self) -> None:
+        broker_ping()
 
 
 class InProcessPolicy:

@@ -192,8 +192,8 @@ class RunDriver:
         """Until every networked backend answers its health check, for up to ``outage_s``."""
         deadline = time.monotonic() + self.outage_s
         parts: list[Any] = [self.envs, self.policy, self.corrections, self.trainer]
-        for part in parts:
-            while hasattr(part, "health"):
+        for part in [p for p in parts if hasattr(p, "health")]:  # in-process parts have none
+            while True:
                 self._check_cancel()
                 try:
                     part.health()
@@ -243,6 +243,9 @@ class RunDriver:
         if self.cfg.corrector.wait == "update" and self.corrections is not None:
             queued = [sid for sid, ok in zip(ro.step_ids, ro.format_valid, strict=True) if ok]
             self._settle(queued)
+        # The policy service may have restarted, silently, while we waited for corrections.
+        if hasattr(self.policy, "ensure_loaded") and self.policy.ensure_loaded():
+            log.warning("run %s: the policy service had lost the run's checkpoint", self.run_id)
         last_values = self._values(self.obs)
         rollout = self._to_rollout(ro, last_values)
         sha = self.blobs.put(rollout.to_bytes())

@@ -26,6 +26,7 @@ class PolicyClient:
 
     def __init__(self, base_url: str, timeout: float = 300.0) -> None:
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+        self.checkpoint: str | None = None  # the last one loaded, as the service names it
 
     def close(self) -> None:
         self._http.close()
@@ -86,7 +87,15 @@ class PolicyClient:
 
     def load_weights(self, path: str | Path) -> None:
         """Make the service load a checkpoint folder written by `Policy.save`."""
-        self._post("/checkpoints/load", {"path": str(path)})
+        self.checkpoint = self._post("/checkpoints/load", {"path": str(path)})["checkpoint"]
+
+    def ensure_loaded(self) -> bool:
+        """Load our checkpoint again if the service no longer serves it (restarted while we were
+        not calling it, it serves its base weights); returns whether it had to."""
+        if self.checkpoint is None or self.health().get("checkpoint") == self.checkpoint:
+            return False
+        self.load_weights(self.checkpoint)
+        return True
 
     def health(self) -> dict[str, Any]:
         r = self._http.get("/healthz", timeout=10)

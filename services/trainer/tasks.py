@@ -177,18 +177,19 @@ def _beating(task: Any, every_s: float = BEAT_S) -> Iterator[None]:
     """While a task runs, a thread rewrites its STARTED state with a new beat: the controller
     tells a worker at work from a killed one by it (a busy solo worker answers no broadcast)."""
     stop = threading.Event()
+    task_id = task.request.id  # the request is thread-local: read it here, not in the thread
 
     def beat() -> None:
         n = 0
         while not stop.wait(every_s):
             n += 1
             try:
-                task.update_state(state="STARTED", meta={"pid": os.getpid(), "beat": n})
+                task.update_state(task_id, "STARTED", {"pid": os.getpid(), "beat": n})
             except Exception:  # Redis restarting: the next beat lands in the new one
-                log.debug("beat of task %s failed", task.request.id, exc_info=True)
+                log.debug("beat of task %s failed", task_id, exc_info=True)
 
     thread = threading.Thread(target=beat, name="beat", daemon=True)
-    if task.request.id and not task.request.is_eager:
+    if task_id and not task.request.is_eager:
         thread.start()
     try:
         yield

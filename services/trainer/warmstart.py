@@ -214,18 +214,32 @@ def warm_start(
     return summary
 
 
-def base_model_path(model: ModelConfig) -> Path:
+def base_model_path(model: ModelConfig, task: str | None = None) -> Path:
     """The run's base checkpoint: model.path, or the tiny model of its preset (built once)."""
     if model.path:
         return Path(model.path)
     from shared.settings import get_settings
 
-    name = f"tiny-{model.tiny_arch}-{model.tiny_size}-{model.image_size}"
+    # The default tokenizer knows only the card games' words: ALFWorld text would cost a token
+    # a character (900-token prompts), so ALFWorld's tiny model gets a tokenizer of its own.
+    own = task == "alfworld"
+    name = f"tiny-{model.tiny_arch}-{model.tiny_size}-{model.image_size}{'-alfworld' * own}"
     path = get_settings().models_path / name
     if not (path / "config.json").exists():
         from services.policy.tiny import build_tiny
 
-        build_tiny(path, arch=model.tiny_arch, size=model.tiny_size, image_size=model.image_size)
+        corpus = None
+        if own:
+            from services.env.alfworld.corpus import corpus as alfworld_corpus
+
+            corpus = list(alfworld_corpus())
+        build_tiny(
+            path,
+            arch=model.tiny_arch,
+            size=model.tiny_size,
+            image_size=model.image_size,
+            corpus=corpus,
+        )
     return path
 
 
@@ -249,7 +263,7 @@ def init_policy(
         policy = Policy.from_config(model, base, seed=cfg.seed)
         policy.load_weights(given)
         return policy, {}
-    base = given or base_model_path(model)
+    base = given or base_model_path(model, cfg.task)
     if init.kind != "warm_start":
         return Policy.from_config(model, base, seed=cfg.seed), {}
     full = model.model_copy(update={"finetune": "full"})

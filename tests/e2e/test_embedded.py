@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from tests.e2e.helpers import ROOT, counts, tiny_config
 
@@ -29,10 +31,13 @@ def _train(config, tmp_path, timeout: float = 60) -> subprocess.CompletedProcess
 
 def test_gtr_train_embedded_completes_with_exact_counts(tmp_path, warm_checkpoint) -> None:
     cfg = tmp_path / "tiny.toml"
-    cfg.write_text(tiny_config(warm_checkpoint, envs=2, steps=4, updates=2))
+    # Ends in [metrics]: greedy evaluation of 4 held-out episodes after each update.
+    evaluated = "eval_episodes = 4\neval_every = 1\n"
+    cfg.write_text(tiny_config(warm_checkpoint, envs=2, steps=4, updates=2) + evaluated)
     proc = _train(cfg, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "completed" in proc.stdout and "gtr serve" in proc.stdout
+    assert "eval/success_rate" in proc.stdout  # the summary's first row
     db = tmp_path / "gtr-data" / "gtr.sqlite3"
     assert db.exists()
     c = counts(1, f"sqlite:///{db}")
@@ -40,6 +45,18 @@ def test_gtr_train_embedded_completes_with_exact_counts(tmp_path, warm_checkpoin
     assert c["dup_steps"] == 0 and c["dup_corrections"] == 0
     assert c["checkpoints"] == 2 and c["updates"] == 2
     assert c["corrections"] > 0 and c["pending"] == 0
+    # Evaluation episodes are played but never recorded as steps (the counts above).
+    evals = _update_metrics(f"sqlite:///{db}")
+    assert [m["eval/episodes"] for m in evals] == [4.0, 4.0]
+    assert all(0.0 <= m["eval/success_rate"] <= 1.0 for m in evals)
+
+
+def _update_metrics(url: str) -> list[dict]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT metrics FROM updates ORDER BY idx")).all()
+    engine.dispose()
+    return [r[0] if isinstance(r[0], dict) else json.loads(r[0]) for r in rows]
 
 
 def test_gtr_train_rejects_a_bad_config_clearly(tmp_path) -> None:

@@ -20,7 +20,7 @@ from services.env.client import EnvClient, EnvServiceError
 from services.env.service import EnvError, SessionNotFound
 from services.policy.client import PolicyServiceError
 from shared.db.session import session_scope
-from shared.queues import QUEUE_TRAINER, celery_app
+from shared.queues import QUEUE_TRAINER, TASK_UPDATE, celery_app
 from shared.schemas import RunConfig
 from tests.conftest import celery_worker, free_port, live_server
 
@@ -106,3 +106,26 @@ def test_a_lost_trainer_task_is_sent_again_and_a_queued_one_is_not(redis_url: st
         thread.join(timeout=90)
     assert not thread.is_alive()
     assert type(outcome["error"]).__name__ == "UpdateError", outcome
+
+
+def test_a_running_trainer_task_beats(redis_url: str) -> None:
+    """What the controller reads to tell a worker at work: STARTED, with a beat that moves."""
+    from services.trainer.tasks import _beating
+
+    celery_app.conf.broker_url = celery_app.conf.result_backend = redis_url
+    task = celery_app.tasks[TASK_UPDATE]
+    task_id = f"beat-test-{time.monotonic_ns()}"
+    task.push_request(id=task_id, is_eager=False)
+    try:
+        with _beating(task, every_s=0.1):
+            time.sleep(0.5)
+            first = celery_app.AsyncResult(task_id).info
+            time.sleep(0.3)
+            later = celery_app.AsyncResult(task_id)
+            assert later.state == "STARTED" and later.info["beat"] > first["beat"] >= 2
+        stopped = later.info["beat"]
+        time.sleep(0.3)
+        assert celery_app.AsyncResult(task_id).info["beat"] == stopped  # no beat after the task
+    finally:
+        task.pop_request()
+        celery_app.AsyncResult(task_id).forget()

@@ -138,3 +138,18 @@ def test_checkpoint_load_changes_the_served_policy(
             client.load_weights(tmp_path / "missing")
     assert np.allclose(got.logprobs, want.logprobs.numpy(), atol=1e-5)
     assert np.allclose(got.values, want.values.numpy(), atol=1e-5)
+
+
+def test_a_client_loads_its_checkpoint_again_when_the_service_lost_it(
+    served: tuple[Policy, str], tiny_path: Callable[[str], Path], tmp_path: Path
+) -> None:
+    _, url = served
+    saved = Policy.load(tiny_path("llava"), lora_r=4, seed=3)
+    saved.save(tmp_path / "ours")
+    saved.save(tmp_path / "other")
+    with PolicyClient(url) as client, PolicyClient(url) as other:
+        client.load_weights(tmp_path / "ours")
+        assert not client.ensure_loaded()
+        other.load_weights(tmp_path / "other")  # as a restart (base weights) would leave it
+        assert client.ensure_loaded()
+        assert client.health()["checkpoint"] == str(tmp_path / "ours")
