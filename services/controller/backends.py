@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,7 +15,8 @@ from kombu.exceptions import ChannelError
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeout
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from shared.db.models import Correction
 from shared.db.session import session_scope
@@ -97,28 +99,119 @@ def settle_corrections(
 def record_missing_as_failed(
     run_id: int, step_ids: list[int], corrector: str, timeout_s: float
 ) -> int:
-    """After a strict wait times out, every step still without a correction gets a failed row
+    """After a wait times out, every step still without a finished correction gets a failed row
     with the reason, so nothing is lost silently (a late answer then finds the row and stops)."""
     from shared.db.models import Step, utcnow
 
+    reason = f"timeout: no answer within {timeout_s:g} s"
     with session_scope() as s:
+        n = s.execute(  # type: ignore[attr-defined]
+            update(Correction)
+            .where(Correction.step_id.in_(step_ids), Correction.status == "pending")
+            .values(status="failed", error=reason, finished_at=utcnow())
+        ).rowcount
         have = set(s.scalars(select(Correction.step_id).where(Correction.step_id.in_(step_ids))))
         missing = s.scalars(select(Step).where(Step.id.in_([i for i in step_ids if i not in have])))
-        n = 0
         for step in missing:
-            s.add(
-                Correction(
-                    step_id=step.id,
-                    run_id=run_id,
-                    update_idx=step.update_idx,
-                    corrector=corrector,
-                    status="failed",
-                    error=f"timeout: no answer within {timeout_s:g} s",
-                    finished_at=utcnow(),
+            row = Correction(
+                step_id=step.id,
+                run_id=run_id,
+                update_idx=step.update_idx,
+                corrector=corrector,
+                status="failed",
+                error=reason,
+                finished_at=utcnow(),
+            )
+            try:
+                with s.begin_nested():
+                    s.add(row)
+            except IntegrityError:  # a late worker wrote its row meanwhile: that one stands
+                continue
+            n += 1
+    return int(n or 0)
+
+
+class CorrectionSweep:
+    """Nothing waits for corrections under ``corrector.wait = "none"``, so a task lost with
+    Redis's data, or held by a killed worker for the broker's visibility timeout, would leave
+    its step uncorrected for good. Once per update, ``sweep`` sends again, once, the well-formed
+    steps queued more than ``timeout_s`` ago that still have no finished correction, and records
+    failed those still missing ``timeout_s`` after that; ``finish`` settles the rest at the end.
+
+    One query per sweep, from the oldest update that still had a missing correction on."""
+
+    def __init__(
+        self, corrections: Corrections, run_id: int, corrector: str, timeout_s: float
+    ) -> None:
+        self.corrections, self.run_id = corrections, run_id
+        self.corrector, self.timeout_s = corrector, timeout_s
+        self.resent: dict[int, float] = {}  # step id -> monotonic time it was sent again
+        self.from_update = 0  # every step of an earlier update has a finished correction
+
+    def _unsettled(self) -> list[Any]:
+        """(id, update_idx, old) of the steps from ``from_update`` on with no finished
+        correction; ``old``: recorded (so queued) more than ``timeout_s`` ago."""
+        from shared.db.models import Step, utcnow
+
+        cutoff = utcnow() - timedelta(seconds=self.timeout_s)
+        finished = (
+            select(Correction.id)
+            .where(Correction.step_id == Step.id, Correction.status.in_(("done", "failed")))
+            .exists()
+        )
+        with session_scope() as s:
+            return list(
+                s.execute(
+                    select(Step.id, Step.update_idx, (Step.created_at < cutoff).label("old"))
+                    .where(
+                        Step.run_id == self.run_id,
+                        Step.update_idx >= self.from_update,
+                        Step.format_valid.is_(True),
+                        ~finished,
+                    )
+                    .order_by(Step.id)
                 )
             )
-            n += 1
-    return n
+
+    def sweep(self, update_idx: int) -> int:
+        """After update ``update_idx``'s rollout is recorded; returns how many were sent again."""
+        rows = self._unsettled()
+        now = time.monotonic()
+        expired = [r.id for r in rows if now - self.resent.get(r.id, now) > self.timeout_s]
+        again = [r.id for r in rows if r.old and r.id not in self.resent]
+        if expired:
+            n = record_missing_as_failed(self.run_id, expired, self.corrector, 2 * self.timeout_s)
+            log.warning("run %s: %s corrections never came, recorded failed", self.run_id, n)
+        if again:
+            log.warning(
+                "run %s: %s corrections missing after %g s: sent again",
+                self.run_id,
+                len(again),
+                self.timeout_s,
+            )
+            self.corrections.submit(self.run_id, again)
+            self.resent.update((i, now) for i in again)
+        gone = set(expired)
+        self.from_update = min((r.update_idx for r in rows if r.id not in gone), default=update_idx)
+        return len(again)
+
+    def finish(self) -> int:
+        """At the run's end: wait for the corrections still missing, send the ones not sent
+        again yet once more and wait again, then record the rest failed. Returns how many."""
+        ids = [r.id for r in self._unsettled()]
+        if not wait_for_corrections(self.run_id, ids, self.timeout_s):
+            return 0
+        missing = missing_corrections(self.run_id, ids)
+        again = [i for i in missing if i not in self.resent]
+        if again:
+            log.warning(
+                "run %s: %s corrections missing at the end: sent again", self.run_id, len(again)
+            )
+            self.corrections.submit(self.run_id, again)
+            self.resent.update((i, time.monotonic()) for i in again)
+            if not wait_for_corrections(self.run_id, missing, self.timeout_s):
+                return 0
+        return record_missing_as_failed(self.run_id, missing, self.corrector, 2 * self.timeout_s)
 
 
 class ThreadCorrections:

@@ -240,11 +240,14 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
             seen = r["updates_done"]
             m = r["latest_metrics"]
             nan = float("nan")
+            ev = m.get("eval/success_rate")  # only after an evaluated update
+            evaluated = "" if ev is None else f"  eval {ev:.2f}"
             click.echo(
                 f"[{r['status']}] update {seen}/{r['num_updates']}"
                 f"  env steps {r['env_steps']}/{r['total_env_steps']}"
                 f"  success {m.get('success_rate', nan):.2f}"
                 f"  corrected {m.get('corrected_rate', nan):.2f}"
+                f"{evaluated}"
                 f"{'  ALARM' if r['alarm'] else ''}"
             )
         if r["status"] in ("completed", "failed", "cancelled"):

@@ -5,7 +5,8 @@ embedded mode hands it in-process objects, the full stack hands it network clien
 1. ``collect``: ``num_steps`` batched steps over ``num_envs`` env sessions; every step is written
    to the store at once and each well-formed one is queued for correction at once, so corrections
    run while the rollout goes on.
-2. optionally wait for this rollout's corrections (``corrector.wait = "update"``).
+2. optionally wait for this rollout's corrections (``corrector.wait = "update"``); in any mode,
+   send again, once, the corrections of earlier steps that never came (``CorrectionSweep``).
 3. the rollout goes to the blob store; its sha and the rollout metrics to the ``updates`` row.
 4. the trainer trains on it and writes a checkpoint; the policy loads that checkpoint.
 5. a fixed probe set is decoded greedily: the thought-collapse monitors and the alarm.
@@ -28,6 +29,7 @@ from services.controller import metrics as M
 from services.controller.backends import (
     BROKER_ERRORS,
     Corrections,
+    CorrectionSweep,
     TrainerBackend,
     checkpoint_dir,
     settle_corrections,
@@ -130,6 +132,10 @@ class RunDriver:
         self.sessions: list[str] = []
         self.obs: list[Any] = []
         self.cursors: list[EpisodeCursor] = []
+        self.sweep: CorrectionSweep | None = None
+        if corrections is not None and self.cfg.algorithm != "rl4vlm":
+            c = self.cfg.corrector
+            self.sweep = CorrectionSweep(corrections, run_id, c.name, c.wait_timeout_s)
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -153,16 +159,22 @@ class RunDriver:
             self._close_envs()
 
     def _drive(self) -> None:
-        start = self._start()
+        start, unfinished = self._start()
         self._open_envs(start)
         probe = self._probe_states()
+        if unfinished is not None:  # trained, its checkpoint loaded, but never probed/recorded
+            self._finish_update(unfinished, probe)
         for u in range(start, self.cfg.train.num_updates):
             self._check_cancel()
             self._rollout_and_store(u)
+            if self.sweep is not None:
+                self.sweep.sweep(u)
             path = self.trainer.update(self.run_id, u)
             self.policy.load_weights(str(path))
             self._finish_update(u, probe)
             self.interruptions = 0
+        if self.sweep is not None and (n := self.sweep.finish()):
+            log.warning("run %s: %s corrections never came, recorded failed", self.run_id, n)
 
     def _ride_out(self, e: Exception) -> None:
         """A service went away: wait for it, then resume as a restarted controller does.
@@ -206,8 +218,10 @@ class RunDriver:
                         ) from cause
                 time.sleep(1.0)
 
-    def _start(self) -> int:
-        """Mark the run running; resume after the last trained update, or warm-start."""
+    def _start(self) -> tuple[int, int | None]:
+        """Mark the run running; resume after the last trained update, or warm-start. Returns
+        the first update to collect, and a trained update whose ``_finish_update`` never ran
+        (the connection dropped in ``load_weights``, the controller died before recording it)."""
         with session_scope() as s:
             run = s.get(Run, self.run_id)
             assert run is not None
@@ -216,6 +230,7 @@ class RunDriver:
             rows = s.scalars(select(Update).where(Update.run_id == self.run_id)).all()
             last = max((u.idx for u in rows if u.metrics.get("trained")), default=-1)
             pending = any(u.idx == last + 1 and u.metrics.get("rollout_sha") for u in rows)
+            finished = run.updates_done  # set by _finish_update, which comes after training
             if not pending:
                 dropped = discard_after(s, self.run_id, last)
                 if dropped:
@@ -230,11 +245,10 @@ class RunDriver:
         if pending:
             # The rollout was stored but not trained: train it rather than collect it again.
             self.policy.load_weights(str(self.trainer.update(self.run_id, last + 1)))
-            self._finish_update(last + 1, [])
-            return last + 2
+            return last + 2, last + 1
         path = self.trainer.init(self.run_id) if last < 0 else checkpoint_dir(self.run_id, last)
         self.policy.load_weights(str(path))
-        return last + 1
+        return last + 1, (last if 0 <= last and finished < last + 1 else None)
 
     def _rollout_and_store(self, u: int) -> None:
         started = time.monotonic()

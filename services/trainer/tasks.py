@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from shared.db.models import Run, Update
@@ -113,15 +114,15 @@ def _update_row(session: Session, run_id: int, update_idx: int, lock: bool = Fal
     return row
 
 
-def _catch_up(
-    session: Session, run_id: int, update_idx: int, accelerator: Any = None
-) -> RunState:
+def _catch_up(session: Session, run_id: int, update_idx: int, accelerator: Any = None) -> RunState:
     """The run's trainer at update_idx − 1: cached, else the latest checkpoint + replays."""
     from services.trainer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint
 
     state = _RUNS.get(run_id)
-    if state is not None and state.trainer.accelerator is accelerator and (
-        state.trainer.update_idx == update_idx - 1
+    if (
+        state is not None
+        and state.trainer.accelerator is accelerator
+        and (state.trainer.update_idx == update_idx - 1)
     ):
         return state
     ckpt = latest_checkpoint(session, run_id)
@@ -199,7 +200,22 @@ def _beating(task: Any, every_s: float = BEAT_S) -> Iterator[None]:
             thread.join()  # a beat stored after the result would turn it back into STARTED
 
 
-@celery_app.task(name=TASK_INIT, acks_late=True, bind=True)
+# The database away (a restart, a failover) fails the task's transaction: run it again after 1,
+# 2, 4, ... 30 s, about 3 minutes in all; both tasks are idempotent, and the failed copy dropped
+# its cached trainer. The controller reads RETRY as a task still held (or, past its
+# lost_after_s, sends a copy, which finds the update trained or trains it once).
+_TASK_OPTIONS: dict[str, Any] = {
+    "acks_late": True,
+    "bind": True,
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": True,
+    "retry_backoff_max": 30,
+    "retry_jitter": False,
+    "max_retries": 10,
+}
+
+
+@celery_app.task(name=TASK_INIT, **_TASK_OPTIONS)
 def init(self: Any, run_id: int) -> dict[str, Any]:
     """Celery entry point: one transaction around ``run_init``."""
     from shared.db.session import session_scope
@@ -208,7 +224,7 @@ def init(self: Any, run_id: int) -> dict[str, Any]:
         return run_init(session, run_id)
 
 
-@celery_app.task(name=TASK_UPDATE, acks_late=True, bind=True)
+@celery_app.task(name=TASK_UPDATE, **_TASK_OPTIONS)
 def update(self: Any, run_id: int, update_idx: int) -> dict[str, Any]:
     """Celery entry point: one transaction around ``run_update``."""
     from shared.db.session import session_scope

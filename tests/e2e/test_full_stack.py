@@ -5,15 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import tomllib
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
-from services.api.auth import create_token
-from shared.db.session import session_scope
 from tests.conftest import free_port
 from tests.e2e.helpers import counts, process, tiny_config, wait_status
 
@@ -21,66 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def stack(
-    pg_url: str, redis_url: str, warm_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict]:
-    from services.controller.stack import default_model
-
-    logs = tmp_path_factory.mktemp("stack-logs")
-    model = default_model()
-    port = free_port()
-    urls = {
-        "api": f"http://127.0.0.1:{port}",
-        "env": f"http://127.0.0.1:{free_port()}",
-        "policy": f"http://127.0.0.1:{free_port()}",
-    }
-    env = {"GTR_ENV_SERVICE_URL": urls["env"], "GTR_POLICY_SERVICE_URL": urls["policy"]}
-    with ExitStack() as stack:
-        procs = {
-            "api": stack.enter_context(
-                process(["serve", "--port", str(port)], logs / "api.log", env)
-            ),
-            "env": stack.enter_context(
-                process(
-                    ["env", "serve", "--port", urls["env"].rsplit(":", 1)[1]], logs / "env.log", env
-                )
-            ),
-            "policy": stack.enter_context(
-                process(
-                    [
-                        "policy",
-                        "serve",
-                        "--model",
-                        str(model),
-                        "--port",
-                        urls["policy"].rsplit(":", 1)[1],
-                    ],
-                    logs / "policy.log",
-                    env,
-                )
-            ),
-            "trainer": stack.enter_context(
-                process(["worker", "trainer"], logs / "trainer.log", env)
-            ),
-            "controller": stack.enter_context(
-                process(["controller", "--poll", "0.5"], logs / "controller.log", env)
-            ),
-        }
-        from services.controller.stack import _wait_healthy
-
-        for name in ("api", "env", "policy"):
-            _wait_healthy(name, urls[name], procs[name])
-        with session_scope() as s:
-            token = create_token(s, "e2e")[1]
-        yield {
-            "checkpoint": warm_checkpoint,
-            "urls": urls,
-            "procs": procs,
-            "env": env,
-            "logs": logs,
-            "stack": stack,
-            "headers": {"Authorization": f"Bearer {token}"},
-        }
+def stack(full_stack: dict, warm_checkpoint: Path) -> dict:
+    """The session's stack (tests/e2e/conftest.py) and the NumberLine runs' warm checkpoint."""
+    return {**full_stack, "checkpoint": warm_checkpoint}
 
 
 def _launch(stack: dict, **kw) -> int:  # type: ignore[no-untyped-def]

@@ -123,7 +123,7 @@ def fresh(stack: dict) -> Iterator[dict]:
 
 def _launch(stack: dict, train: dict | None = None, **corrector: Any) -> int:
     cfg = tomllib.loads(tiny_config(stack["checkpoint"], envs=E, steps=S, updates=U))
-    cfg["corrector"].update(wait_timeout_s=20, **corrector)
+    cfg["corrector"].update({"wait_timeout_s": 20, **corrector})
     cfg["train"].update(train or {})
     r = httpx.post(
         f"{stack['stack'].urls['api']}/api/runs", json=cfg, headers=stack["headers"], timeout=30
@@ -358,3 +358,31 @@ def test_restart_postgres_mid_rollout(fresh: dict) -> None:
     _mid_rollout(fresh, run_id)
     fresh["pg"].crash_and_restart()
     _finish(fresh, run_id, 150)
+
+
+def test_restart_redis_with_corrections_queued_and_no_wait(fresh: dict) -> None:
+    """corrector.wait = "none": the corrector worker is away while the rollout queues its
+    corrections, and Redis loses them; the controller's per-update sweep sends them again."""
+    st: Stack = fresh["stack"]
+    seen = len((st.root / "controller.log").read_bytes())  # the log spans the module's tests
+    st.kill("corrector")
+    run_id = _launch(fresh, wait="none", wait_timeout_s=3)
+    _mid_rollout(fresh, run_id)
+    fresh["redis"].kill()
+    time.sleep(1.0)
+    fresh["redis"].start()
+    st.start("corrector")
+    _finish(fresh, run_id, 120)
+    assert b"corrections missing" in (st.root / "controller.log").read_bytes()[seen:]
+
+
+def test_restart_postgres_mid_update(fresh: dict) -> None:
+    """The trainer's transaction dies with the database: the task runs again once it is back."""
+    st: Stack = fresh["stack"]
+    seen = len((st.root / "trainer.log").read_bytes())
+    training = _in_training(st)
+    run_id = _launch(fresh, train=LONG_UPDATES)
+    _until("the trainer inside an update", training, 300, fresh, every_s=0.05)
+    fresh["pg"].crash_and_restart()
+    _finish(fresh, run_id, 150)
+    assert b"retry: Retry in" in (st.root / "trainer.log").read_bytes()[seen:], st.tails()

@@ -17,45 +17,27 @@ from services.env.alfworld.oracle import oracle_output
 from services.env.alfworld.prompts import agent_prompt
 from services.env.expert import format_output
 
-# The goal_library sentences of the six ALFWorld task types (alfworld.gen.goal_library).
-TASKS = {
-    "pick_and_place_simple": ("put a {obj} in {recep}", "put some {obj} on {recep}"),
-    "pick_clean_then_place_in_recep": (
-        "put a clean {obj} in {recep}",
-        "clean some {obj} and put it in {recep}",
-    ),
-    "pick_heat_then_place_in_recep": (
-        "put a hot {obj} in {recep}",
-        "heat some {obj} and put it in {recep}",
-    ),
-    "pick_cool_then_place_in_recep": (
-        "put a cool {obj} in {recep}",
-        "cool some {obj} and put it in {recep}",
-    ),
-    "pick_two_obj_and_place": ("put two {obj} in {recep}", "find two {obj} and put them in {recep}"),
-    "look_at_obj_in_light": (
-        "look at {obj} under the {toggle}",
-        "examine the {obj} with the {toggle}",
-    ),
-}
-_VERBS = {"pick_clean": "clean", "pick_heat": "heat", "pick_cool": "cool"}
 _FLAGS = ("hot", "cold", "clean", "on")
 
 
-def _types() -> tuple[list[str], list[str]]:
-    """ALFRED's object and receptacle types, lower case as the games write them."""
+def _vocabulary() -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """ALFRED's object and receptacle types (lower case, as the games write them) and the task
+    sentences of the six ALFWorld task types."""
     from alfworld.gen import constants
+    from alfworld.gen.goal_library import gdict
 
     recep = sorted({r.lower() for r in constants.RECEPTACLES})
     objects = sorted({o.lower() for o in constants.OBJECTS} - set(recep))
-    return objects, recep
+    return objects, recep, {t: list(gdict[t]["templates"]) for t in SUBTASKS}
 
 
-def made_up_state(rng: random.Random, objects: list[str], recep: list[str]) -> dict[str, Any]:
+def made_up_state(
+    rng: random.Random, objects: list[str], recep: list[str], tasks: dict[str, list[str]]
+) -> dict[str, Any]:
     """A plausible state: a room of numbered receptacles, what is in front, held and admissible."""
     room = [f"{r} {i}" for r in rng.sample(recep, 8) for i in range(1, rng.randint(1, 4) + 1)]
     things = [f"{o} {rng.randint(1, 3)}" for o in rng.sample(objects, 6)]
-    task_type = rng.choice(list(TASKS))
+    task_type = rng.choice(list(tasks))
     target, goal_recep = rng.choice(things).rsplit(" ", 1)[0], room[0].rsplit(" ", 1)[0]
     toggle = rng.choice(("desklamp", "floorlamp"))
     front = rng.choice([None, *room])
@@ -70,7 +52,7 @@ def made_up_state(rng: random.Random, objects: list[str], recep: list[str]) -> d
             admissible.append(f"{verb} {held} {'to' if verb == 'move' else 'with'} {front}")
     history = [rng.choice(admissible) for _ in range(rng.randint(0, 12))]
     return {
-        "task": rng.choice(TASKS[task_type]).format(obj=target, recep=goal_recep, toggle=toggle),
+        "task": rng.choice(tasks[task_type]).format(obj=target, recep=goal_recep, toggle=toggle),
         "subtask": SUBTASKS[task_type],
         "targets": {"object": target, "receptacle": goal_recep, "toggle": toggle},
         "front": front,
@@ -86,10 +68,10 @@ def made_up_state(rng: random.Random, objects: list[str], recep: list[str]) -> d
 
 
 def corpus(n: int = 600, seed: int = 0) -> Iterator[str]:
-    """The agent prompt (GTR setting: image, task, history) and oracle output of n made-up states."""
+    """The agent prompt (GTR setting: image, task, history) and oracle output of n states."""
     rng = random.Random(seed)
-    objects, recep = _types()
+    objects, recep, tasks = _vocabulary()
     for _ in range(n):
-        state = made_up_state(rng, objects, recep)
+        state = made_up_state(rng, objects, recep, tasks)
         yield agent_prompt(state, state["history"], "image", "")
         yield format_output(oracle_output(state))

@@ -1,20 +1,27 @@
 from __future__ import annotations
 
-from sqlalchemy import select
+import time
+from datetime import timedelta
+
+from sqlalchemy import select, update
 
 from services.api.service import create_run
 from services.controller.backends import (
+    CeleryCorrections,
+    CorrectionSweep,
     ThreadCorrections,
     record_missing_as_failed,
     settle_corrections,
     wait_for_corrections,
 )
 from services.controller.recorder import add_step, open_episode
-from shared.db.models import Correction
+from shared.db.models import Correction, Step, utcnow
 from shared.db.session import session_scope
+from shared.queues import QUEUE_CORRECTOR, celery_app
 from shared.schemas import RunConfig
 from shared.settings import Settings
 from shared.storage import blob_store
+from tests.conftest import celery_worker
 
 
 def _steps(n: int, state: dict | None = None) -> tuple[int, list[int]]:
@@ -75,3 +82,63 @@ def test_missing_corrections_are_sent_again_once_before_they_fail(pg_url: str) -
         rows = s.scalars(select(Correction).where(Correction.run_id == run_id)).all()
     assert sorted(r.step_id for r in rows) == ids
     assert all(r.status == "done" for r in rows), [(r.status, r.error) for r in rows]
+
+
+def _queued_long_ago(step_ids: list[int]) -> None:
+    with session_scope() as s:
+        s.execute(
+            update(Step)
+            .where(Step.id.in_(step_ids))
+            .values(created_at=utcnow() - timedelta(hours=1))
+        )
+
+
+def _corrections(run_id: int) -> dict[int, tuple[str, str | None]]:
+    with session_scope() as s:
+        rows = s.scalars(select(Correction).where(Correction.run_id == run_id)).all()
+        return {r.step_id: (r.status, r.error) for r in rows}
+
+
+def test_the_sweep_sends_lost_corrections_again_to_a_real_worker(redis_url: str) -> None:
+    """corrector.wait = "none": tasks lost with Redis's data (here: never sent) are sent again
+    once by the per-update sweep when older than the timeout; a young one is left to its task
+    until the run's end, where ``finish`` sends it and the worker corrects it."""
+    celery_app.conf.broker_url = celery_app.conf.result_backend = redis_url
+    celery_app.control.purge()
+    run_id, ids = _steps(4, state={"current": 2, "target": 4})
+    _queued_long_ago(ids[:3])
+    with session_scope() as s:  # one already corrected: not sent again
+        s.add(Correction(step_id=ids[0], run_id=run_id, update_idx=0, corrector="oracle"))
+        s.flush()
+        s.execute(update(Correction).where(Correction.step_id == ids[0]).values(status="done"))
+    sweep = CorrectionSweep(CeleryCorrections("oracle"), run_id, "oracle", timeout_s=5.0)
+    with celery_worker(QUEUE_CORRECTOR):
+        assert sweep.sweep(0) == 2
+        assert sweep.sweep(0) == 0  # once each: still missing or not, not sent a second time
+        assert wait_for_corrections(run_id, ids[1:3], timeout_s=60) == 0
+        assert sweep.finish() == 0
+    assert {i: st for i, (st, _) in _corrections(run_id).items()} == dict.fromkeys(ids, "done")
+    assert sweep.from_update == 0  # nothing missing past update 0 at the last sweep
+
+
+def test_corrections_that_never_come_are_recorded_failed_once_sent_twice(redis_url: str) -> None:
+    """No worker takes the re-sent tasks: a sweep past twice the timeout records them failed
+    with the reason, and ``finish`` does the same for the rest, a pending row included."""
+    celery_app.conf.broker_url = celery_app.conf.result_backend = redis_url
+    celery_app.control.purge()
+    run_id, ids = _steps(3, state={"current": 2, "target": 4})
+    _queued_long_ago(ids[:1])
+    with session_scope() as s:
+        s.add(Correction(step_id=ids[2], run_id=run_id, update_idx=0, corrector="oracle"))
+    sweep = CorrectionSweep(CeleryCorrections("oracle"), run_id, "oracle", timeout_s=0.5)
+    try:
+        assert sweep.sweep(0) == 1
+        time.sleep(0.7)
+        assert sweep.sweep(1) == 2  # the first is now failed; the two others are old now
+        assert _corrections(run_id)[ids[0]] == ("failed", "timeout: no answer within 1 s")
+        assert sweep.finish() == 2
+    finally:
+        celery_app.control.purge()
+    got = _corrections(run_id)
+    assert [got[i][0] for i in ids] == ["failed"] * 3, got
+    assert sweep.sweep(2) == 0 and sweep.from_update == 2

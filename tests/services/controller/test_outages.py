@@ -5,24 +5,37 @@ from __future__ import annotations
 
 import threading
 import time
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
 from kombu.exceptions import OperationalError
+from sqlalchemy import select
 
 from services.api.service import create_run
-from services.controller.backends import CeleryTrainer, InProcessTrainer, queued_messages
+from services.controller.backends import (
+    CeleryTrainer,
+    InProcessPolicy,
+    InProcessTrainer,
+    ThreadCorrections,
+    queued_messages,
+)
 from services.controller.service import Outage, RunDriver, is_interruption
+from services.env import EnvPool
 from services.env.app import create_app
 from services.env.client import EnvClient, EnvServiceError
 from services.env.service import EnvError, SessionNotFound
 from services.policy.client import PolicyServiceError
+from shared.db.models import Correction, Run, Step, Update
 from shared.db.session import session_scope
 from shared.queues import QUEUE_TRAINER, TASK_UPDATE, celery_app
 from shared.schemas import RunConfig
+from shared.settings import get_settings
 from tests.conftest import celery_worker, free_port, live_server
+from tests.e2e.helpers import tiny_config
 
 
 def _caused_by_redis() -> RuntimeError:
@@ -129,3 +142,46 @@ def test_a_running_trainer_task_beats(redis_url: str) -> None:
     finally:
         task.pop_request()
         celery_app.AsyncResult(task_id).forget()
+
+
+class _DropsAfterTraining(InProcessPolicy):
+    """The real in-process policy, whose connection drops (as a restarted policy service's
+    does) on the second load: the checkpoint of update 0, just trained."""
+
+    def __init__(self, model_cfg: Any) -> None:
+        super().__init__(model_cfg)
+        self.loads = 0
+
+    def load_weights(self, path: str) -> None:
+        self.loads += 1
+        if self.loads == 2:
+            raise httpx.RemoteProtocolError("Server disconnected")
+        super().load_weights(path)
+
+
+@pytest.mark.slow  # a whole (tiny) embedded run
+def test_an_update_trained_before_the_drop_is_finished_on_resume(warm_checkpoint: Path) -> None:
+    """The drop comes after update 0 trained and before its probe, eval and correction stats:
+    the resume finishes it (updates_done, probe metrics) instead of skipping to update 1."""
+    cfg = RunConfig.model_validate(
+        tomllib.loads(tiny_config(warm_checkpoint, envs=2, steps=2, updates=2, wait="none"))
+    )
+    with session_scope() as s:
+        run_id = create_run(s, cfg, "drop-test").id
+    policy = _DropsAfterTraining(cfg.model)
+    corrections = ThreadCorrections("oracle", 0.0, 0, get_settings())
+    driver = RunDriver(run_id, EnvPool(), policy, corrections, InProcessTrainer())
+    assert driver.run() == "completed"
+    assert policy.loads == 4 and driver.interruptions == 0  # init, 0 (dropped), 0 again, 1
+    with session_scope() as s:
+        run = s.get(Run, run_id)
+        assert run is not None and run.updates_done == 2
+        metrics = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
+        assert len(metrics) == 2
+        assert all(m.get("trained") and "probe_relevance" in m for m in metrics), metrics
+        assert all("corrections" in m for m in metrics)
+        formed = s.scalars(
+            select(Step.id).where(Step.run_id == run_id, Step.format_valid.is_(True))
+        ).all()
+        corrected = s.scalars(select(Correction.step_id).where(Correction.run_id == run_id)).all()
+    assert sorted(corrected) == sorted(formed)  # the run's end left no correction missing
