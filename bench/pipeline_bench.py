@@ -1,7 +1,8 @@
 """Pipeline throughput: env steps per second of the rollout, full stack vs embedded, and the cost
 of a slow corrector when corrections are asynchronous vs synchronous (the reference's loop).
 
-    .venv/bin/python bench/pipeline_bench.py [--envs 8 --steps 8 --updates 3] [--skip-stack]
+    .venv/bin/python bench/pipeline_bench.py [--envs 8 --steps 8 --updates 3] [--repeat 3]
+                                             [--delays 0,0.5,2] [--skip-stack]
 
 Each figure is the rollout speed (``env_steps_per_s`` of the updates, the trainer's time left out)
 of a tiny NumberLine run that starts from the same warm-started checkpoint. Ratios are taken
@@ -11,16 +12,22 @@ within one invocation, since the machine is shared. The full stack needs Postgre
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# One torch thread per process in every setting: two threads per process on a shared 2-core
+# machine oversubscribe it, and the figures then swing by 5x from one run to the next.
+TORCH_THREADS = os.environ.get("GTR_TORCH_THREADS", "1")
 sys.path.insert(0, str(ROOT))
 
 CONFIG = """
@@ -91,6 +98,9 @@ def speed(url: str) -> float:
 
     with session_scope(url) as s:
         rows = [u.metrics for u in s.scalars(select(Update).order_by(Update.idx))]
+    # The first rollout pays each process's warm-up (first forward passes, connections): leave it
+    # out when there are others.
+    rows = rows[1:] if len(rows) > 1 else rows
     steps = sum(m["env_steps_per_s"] * m["rollout_s"] for m in rows)
     return steps / sum(m["rollout_s"] for m in rows)
 
@@ -99,6 +109,7 @@ def embedded(tmp: Path, name: str, cfg: str, corrector_url: str | None = None) -
     data = tmp / name
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env["GTR_DATA_DIR"] = str(data)
+    env["GTR_TORCH_THREADS"] = TORCH_THREADS
     url = f"sqlite:///{(data / 'gtr.sqlite3').resolve()}"
     if corrector_url:
         from shared.db.migrate import upgrade
@@ -127,6 +138,10 @@ def embedded(tmp: Path, name: str, cfg: str, corrector_url: str | None = None) -
     return speed(url)
 
 
+def http_run(tmp: Path, name: str, cfg: str, url: str, tag: str) -> float:
+    return embedded(tmp, f"{name}-{tag}", cfg, url)
+
+
 def full_stack(tmp: Path, cfg: str) -> float:
     import psycopg
 
@@ -140,6 +155,7 @@ def full_stack(tmp: Path, cfg: str) -> float:
     ports = [free_port() for _ in range(3)]
     env = {
         **os.environ,
+        "GTR_TORCH_THREADS": TORCH_THREADS,
         "GTR_DATABASE_URL": db,
         "GTR_REDIS_URL": "redis://127.0.0.1:6379/13",
         "GTR_DATA_DIR": str(tmp / "stack"),
@@ -182,7 +198,9 @@ def full_stack(tmp: Path, cfg: str) -> float:
             run_id = create_run(s, RunConfig.model_validate(tomllib.loads(cfg)), "default").id
         while True:
             with session_scope(db) as s:
-                status = s.get(Run, run_id).status
+                run = s.get(Run, run_id)
+                assert run is not None
+                status = run.status
             if status in ("completed", "failed", "cancelled"):
                 break
             time.sleep(1)
@@ -205,31 +223,43 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--delays", default="0,0.5,2")
     ap.add_argument("--skip-stack", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds over every setting (median)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gtr-pipeline-bench-"))
     ckpt = warm_checkpoint(tmp)
     shape = {"checkpoint": ckpt, "envs": args.envs, "steps": args.steps, "updates": args.updates}
-    out: dict[str, float] = {}
-    out["embedded, no corrector"] = embedded(
-        tmp, "none", CONFIG.format(algorithm="rl4vlm", corrector="oracle", wait="none", **shape)
-    )
-    out["embedded, oracle, async"] = embedded(
-        tmp, "oracle", CONFIG.format(algorithm="gtr", corrector="oracle", wait="none", **shape)
-    )
-    for d in [float(x) for x in args.delays.split(",")]:
-        url, _server = latency_corrector(d)
-        for wait in ("none", "step"):
+    servers = {d: latency_corrector(d) for d in [float(x) for x in args.delays.split(",")]}
+    settings: dict[str, Callable[[str], float]] = {
+        "embedded, no corrector": lambda tag: embedded(
+            tmp,
+            f"none-{tag}",
+            CONFIG.format(algorithm="rl4vlm", corrector="oracle", wait="none", **shape),
+        ),
+        "embedded, oracle, async": lambda tag: embedded(
+            tmp,
+            f"oracle-{tag}",
+            CONFIG.format(algorithm="gtr", corrector="oracle", wait="none", **shape),
+        ),
+    }
+    for d, (url, _server) in servers.items():
+        for wait, mode in (("none", "async"), ("step", "sync")):
             cfg = CONFIG.format(algorithm="gtr", corrector="bench-http", wait=wait, **shape)
-            mode = "async" if wait == "none" else "sync"
-            out[f"embedded, {d:g} s corrector, {mode}"] = embedded(
-                tmp, f"http-{d:g}-{wait}", cfg, url
+            settings[f"embedded, {d:g} s corrector, {mode}"] = functools.partial(
+                http_run, tmp, f"http-{d:g}-{wait}", cfg, url
             )
-            print(json.dumps(out), flush=True)  # partial results survive a later failure
     if not args.skip_stack:
-        out["full stack, oracle, async"] = full_stack(
-            tmp, CONFIG.format(algorithm="gtr", corrector="oracle", wait="none", **shape)
-        )
-    report(out)
+        cfg = CONFIG.format(algorithm="gtr", corrector="oracle", wait="none", **shape)
+        stack_cfg = cfg
+        settings["full stack, oracle, async"] = lambda tag: full_stack(tmp / tag, stack_cfg)
+    # Rounds, each over every setting in a rotated order: a burst of load from another job hits
+    # one round's figure, not one setting's every figure; the median of the rounds is reported.
+    runs: dict[str, list[float]] = {k: [] for k in settings}
+    names = list(settings)
+    for r in range(args.repeat):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            runs[k].append(settings[k](f"r{r}"))
+            print(json.dumps({k: v for k, v in runs.items() if v}), flush=True)
+    report({k: statistics.median(v) for k, v in runs.items()})
 
 
 def report(out: dict[str, float]) -> None:

@@ -1,24 +1,93 @@
-"""A run launched over REST trains through every service as a separate process."""
+"""A run launched over REST trains through every service as a separate process.
+
+The ALFWorld run (issue #9's acceptance check) shares this module's stack: its warm start runs in
+the trainer worker, its rendered images go to the blob store, the Celery corrector corrects it."""
 
 from __future__ import annotations
 
+import importlib.util
+import io
+import json
 import os
 import signal
 import tomllib
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 
-from tests.conftest import free_port
+from services.api.auth import create_token
+from shared.db.session import session_scope
+from tests.conftest import free_port, need
 from tests.e2e.helpers import counts, process, tiny_config, wait_status
+from tests.services.alfworld.conftest import SAMPLE
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
+def full_stack(
+    pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict]:
+    """API, env and policy services, a trainer worker and a controller, on the test database.
+
+    Corrector workers are left to the tests (some kill theirs). The policy service starts on the
+    default tiny model and follows each run's checkpoints to that run's own base model (ALFWorld).
+    """
+    from services.controller.stack import _wait_healthy, default_model
+
+    logs = tmp_path_factory.mktemp("stack-logs")
+    model = default_model()
+    port = free_port()
+    urls = {
+        "api": f"http://127.0.0.1:{port}",
+        "env": f"http://127.0.0.1:{free_port()}",
+        "policy": f"http://127.0.0.1:{free_port()}",
+    }
+    env = {"GTR_ENV_SERVICE_URL": urls["env"], "GTR_POLICY_SERVICE_URL": urls["policy"]}
+    env_port, policy_port = urls["env"].rsplit(":", 1)[1], urls["policy"].rsplit(":", 1)[1]
+    with ExitStack() as stack:
+        procs = {
+            "api": stack.enter_context(
+                process(["serve", "--port", str(port)], logs / "api.log", env)
+            ),
+            "env": stack.enter_context(
+                process(["env", "serve", "--port", env_port], logs / "env.log", env)
+            ),
+            "policy": stack.enter_context(
+                process(
+                    ["policy", "serve", "--model", str(model), "--port", policy_port],
+                    logs / "policy.log",
+                    env,
+                )
+            ),
+            "trainer": stack.enter_context(
+                process(["worker", "trainer"], logs / "trainer.log", env)
+            ),
+            "controller": stack.enter_context(
+                process(["controller", "--poll", "0.5"], logs / "controller.log", env)
+            ),
+        }
+        for name in ("api", "env", "policy"):
+            _wait_healthy(name, urls[name], procs[name])
+        with session_scope() as s:
+            token = create_token(s, "e2e")[1]
+        yield {
+            "urls": urls,
+            "procs": procs,
+            "env": env,
+            "logs": logs,
+            "token": token,
+            "headers": {"Authorization": f"Bearer {token}"},
+        }
+
+
+@pytest.fixture(scope="module")
 def stack(full_stack: dict, warm_checkpoint: Path) -> dict:
-    """The session's stack (tests/e2e/conftest.py) and the NumberLine runs' warm checkpoint."""
+    """The stack and the NumberLine runs' warm checkpoint."""
     return {**full_stack, "checkpoint": warm_checkpoint}
 
 
@@ -108,3 +177,106 @@ def test_a_service_down_at_start_fails_the_run_clearly(stack: dict, tmp_path: Pa
         stack["procs"]["controller"].send_signal(signal.SIGCONT)
     assert run["status"] == "failed"
     assert "env service" in run["error"] and dead in run["error"]
+
+
+# ---- ALFWorld on the sample games -----------------------------------------------------------
+
+ALF_ENVS, ALF_STEPS, ALF_UPDATES = 2, 4, 2
+# configs/alfworld-tiny.toml's warm start, shortened: still ~1/2 of sampled outputs are well-formed
+# (docs/alfworld.md), so a 16-step run gets corrections with near certainty.
+ALFWORLD = f"""
+name = "alfworld-e2e"
+task = "alfworld"
+algorithm = "gtr"
+seed = 0
+[env]
+image_size = 64
+[env.options]
+games = "{SAMPLE}"
+[model]
+image_size = 64
+finetune = "full"
+[generation]
+max_new_tokens = 96
+[init]
+kind = "warm_start"
+vision_steps = 20
+sft_samples = 60
+sft_steps = 120
+batch_size = 8
+lr = 2e-3
+[train]
+num_envs = {ALF_ENVS}
+num_steps = {ALF_STEPS}
+num_updates = {ALF_UPDATES}
+minibatch_size = 8
+ppo_epochs = 1
+[corrector]
+wait = "update"
+wait_timeout_s = 60
+[metrics]
+probe_states = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def alfworld_run(request: pytest.FixtureRequest) -> dict:
+    """The completed run and the stack it ran on (checked for ALFWorld before starting it)."""
+    need(
+        importlib.util.find_spec("alfworld") is not None,
+        "the alfworld extra is not installed (pip install 'gtr-lab[alfworld]')",
+    )
+    need(SAMPLE.is_dir(), f"the ALFWorld sample is missing at {SAMPLE}")
+    stack = request.getfixturevalue("full_stack")
+    api, headers = stack["urls"]["api"], stack["headers"]
+    with process(["worker", "corrector"], stack["logs"] / "corrector-alfworld.log", stack["env"]):
+        r = httpx.post(f"{api}/api/runs", json=tomllib.loads(ALFWORLD), headers=headers, timeout=10)
+        assert r.status_code == 201, r.text
+        run = wait_status(api, headers, int(r.json()["id"]), ("completed", "failed"), 600)
+    assert run["status"] == "completed", run["error"]
+    return {**stack, "run_id": int(run["id"])}
+
+
+def _trace(api: str, headers: dict, run_id: int) -> list[dict]:
+    """Every step of the run with its corrections, read as the web UI reads it."""
+    episodes = httpx.get(
+        f"{api}/api/runs/{run_id}/episodes", params={"limit": 200}, headers=headers, timeout=10
+    ).json()["items"]
+    return [
+        step
+        for e in episodes
+        for step in httpx.get(f"{api}/api/episodes/{e['id']}/steps", headers=headers).json()[
+            "items"
+        ]
+    ]
+
+
+def test_alfworld_run_completes_with_images_and_corrected_thoughts(alfworld_run: dict) -> None:
+    api, headers = alfworld_run["urls"]["api"], alfworld_run["headers"]
+    run_id = alfworld_run["run_id"]
+    c = counts(run_id)
+    assert c["steps"] == c["env_steps"] == ALF_ENVS * ALF_STEPS * ALF_UPDATES
+    assert c["dup_steps"] == 0 and c["dup_corrections"] == 0
+    assert c["updates"] == ALF_UPDATES and c["checkpoints"] == ALF_UPDATES
+    assert c["pending"] == 0  # wait = "update": every correction recorded before its update
+
+    steps = _trace(api, headers, run_id)
+    assert len(steps) == ALF_ENVS * ALF_STEPS * ALF_UPDATES
+    assert all(s["state"]["task"] and s["state"]["admissible"] for s in steps)
+    for sha in {s["image_sha"] for s in steps}:
+        assert sha, "every ALFWorld step stores its rendered image"
+        r = httpx.get(f"{api}/api/blobs/{sha}", headers=headers, timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+        image = Image.open(io.BytesIO(r.content))
+        assert image.format == "PNG" and image.size == (64, 64)
+
+    formed = [s for s in steps if s["format_valid"]]
+    assert formed, "the warm start makes the tiny model write JSON"
+    for s in formed:  # each well-formed step went to the oracle, which finished it
+        assert [(x["corrector"], x["status"]) for x in s["corrections"]] == [("oracle", "done")]
+    corrected = [(s, x) for s in formed for x in s["corrections"] if x["verdict"] == "incorrect"]
+    assert corrected, "the tiny model's thoughts are wrong often enough to be corrected"
+    for s, x in corrected:
+        assert x["corrected_thought"] and x["corrected_thought"] != s["thought"]
+        thought = json.loads(x["corrected_thought"])["thoughts"]
+        assert "Next sub-goal" in thought and s["state"]["targets"]["object"] in thought
