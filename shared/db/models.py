@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -40,6 +41,19 @@ TERMINAL_STATUSES = ("completed", "failed", "cancelled")
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class FreeText(TypeDecorator[str]):
+    """Text written by a model or a remote service: NUL becomes U+FFFD on the way in.
+
+    A sampled output can contain any token, NUL included, and PostgreSQL text columns refuse
+    NUL (a run failed on it); SQLite takes it. Replacing it keeps every store the same."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 class Base(DeclarativeBase):
@@ -85,7 +99,7 @@ class Run(Base):
     algorithm: Mapped[str] = mapped_column(String(20))
     status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(FreeText)
     env_steps: Mapped[int] = mapped_column(BigInteger, default=0)  # env steps recorded so far
     total_env_steps: Mapped[int] = mapped_column(BigInteger)
     num_updates: Mapped[int] = mapped_column(Integer)  # planned updates
@@ -152,10 +166,10 @@ class Step(Base):
     idx: Mapped[int] = mapped_column(Integer)  # index within the episode
     update_idx: Mapped[int] = mapped_column(Integer)
     rollout_pos: Mapped[int] = mapped_column(Integer)  # position in the update's rollout (t*E+e)
-    prompt: Mapped[str] = mapped_column(Text)
-    output: Mapped[str] = mapped_column(Text)  # the agent's full generated text
-    thought: Mapped[str | None] = mapped_column(Text)
-    action_text: Mapped[str | None] = mapped_column(Text)  # the action as written by the agent
+    prompt: Mapped[str] = mapped_column(FreeText)
+    output: Mapped[str] = mapped_column(FreeText)  # the agent's full generated text
+    thought: Mapped[str | None] = mapped_column(FreeText)
+    action_text: Mapped[str | None] = mapped_column(FreeText)  # the action as written by the agent
     parsed_action: Mapped[str | None] = mapped_column(String(200))  # the action the env executed
     format_valid: Mapped[bool] = mapped_column(Boolean)
     action_valid: Mapped[bool] = mapped_column(Boolean)
@@ -183,11 +197,11 @@ class Correction(Base):
     corrector: Mapped[str] = mapped_column(String(100))  # corrector name (registry or "oracle")
     status: Mapped[str] = mapped_column(String(10), default="pending")  # pending | done | failed
     verdict: Mapped[str | None] = mapped_column(String(10))  # correct | incorrect
-    corrected_thought: Mapped[str | None] = mapped_column(Text)
+    corrected_thought: Mapped[str | None] = mapped_column(FreeText)
     extras: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    reasoning: Mapped[str | None] = mapped_column(Text)
-    raw: Mapped[str | None] = mapped_column(Text)  # the corrector's raw answer, for audits
-    error: Mapped[str | None] = mapped_column(Text)
+    reasoning: Mapped[str | None] = mapped_column(FreeText)
+    raw: Mapped[str | None] = mapped_column(FreeText)  # the corrector's raw answer, for audits
+    error: Mapped[str | None] = mapped_column(FreeText)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     tokens: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
