@@ -16,6 +16,20 @@ EVAL_SEED = 2_000_003  # eval deals are the same for every run of a task, and di
 CHUNK = 32  # generation batch: keeps each policy-service request small
 
 
+def greedy_generate(policy: Any, observations: list[Any], max_new_tokens: int) -> list[Any]:
+    """Greedy outputs for many observations, CHUNK per policy call."""
+    gens: list[Any] = []
+    for i in range(0, len(observations), CHUNK):
+        chunk = observations[i : i + CHUNK]
+        gens += policy.generate(
+            [o.image for o in chunk],
+            [o.prompt for o in chunk],
+            greedy=True,
+            max_new_tokens=max_new_tokens,
+        )
+    return gens
+
+
 def evaluate(envs: Any, policy: Any, cfg: RunConfig, episodes: int) -> dict[str, float]:
     """Play ``episodes`` greedy episodes in parallel; success rate, mean return and length."""
     sessions = [envs.create(cfg.task, cfg.env, seed=EVAL_SEED + i) for i in range(episodes)]
@@ -27,14 +41,9 @@ def evaluate(envs: Any, policy: Any, cfg: RunConfig, episodes: int) -> dict[str,
             live = [sid for sid in sessions if sid not in finished]
             if not live:
                 break
-            gens = []
-            for i in range(0, len(live), CHUNK):
-                gens += policy.generate(
-                    [obs[sid].image for sid in live[i : i + CHUNK]],
-                    [obs[sid].prompt for sid in live[i : i + CHUNK]],
-                    greedy=True,
-                    max_new_tokens=cfg.generation.max_new_tokens,
-                )
+            gens = greedy_generate(
+                policy, [obs[sid] for sid in live], cfg.generation.max_new_tokens
+            )
             results = envs.step_batch([(sid, g.text) for sid, g in zip(live, gens, strict=True)])
             for sid, r in zip(live, results, strict=True):
                 obs[sid] = r.observation

@@ -34,7 +34,7 @@ from services.controller.backends import (
     checkpoint_dir,
     settle_corrections,
 )
-from services.controller.evaluate import evaluate
+from services.controller.evaluate import evaluate, greedy_generate
 from services.controller.recorder import (
     EpisodeCursor,
     add_step,
@@ -502,15 +502,7 @@ class RunDriver:
         return out
 
     def _probe(self, probe: list[Any]) -> dict[str, float]:
-        gens = []
-        for i in range(0, len(probe), 32):
-            chunk = probe[i : i + 32]
-            gens += self.policy.generate(
-                [o.image for o in chunk],
-                [o.prompt for o in chunk],
-                greedy=True,
-                max_new_tokens=self.cfg.generation.max_new_tokens,
-            )
+        gens = greedy_generate(self.policy, probe, self.cfg.generation.max_new_tokens)
         views = []
         for o, g in zip(probe, gens, strict=True):
             p = self._parse(g.text, o.state)
