@@ -1,4 +1,5 @@
-"""A miniature reproduction of the GTR paper's comparison: gtr / rl4vlm / sft_only / noisy gtr.
+"""A miniature reproduction of the GTR paper's comparison: gtr / rl4vlm / sft_only / noisy gtr
+(and every newer arm whose config is in configs/repro/), judged by greedy held-out evaluation.
 
     .venv/bin/python bench/reproduce.py                        # warm starts, all runs, report
     .venv/bin/python bench/reproduce.py --tasks ezpoints --seeds 0 --updates 5 --jobs 2  # pilot
@@ -6,10 +7,13 @@
     .venv/bin/python bench/reproduce.py --report-only           # re-collect finished runs
 
 Per task: one warm start (``gtr sft configs/repro/TASK-warm.toml``) shared by every arm; then
-each (arm, seed) is one ``gtr train configs/repro/TASK-ARM.toml`` in its own process and data
+each (arm, seed) is one ``gtr train`` of ``configs/repro/TASK.toml`` with the arm's changes from
+``configs/repro/arms.toml`` (so arms differ only in what they name), in its own process and data
 folder (SQLite, blobs, checkpoints), ``--jobs`` at a time. The per-update metrics are read back
-from each run's SQLite file into ``docs/results/updates.csv``; the table and the curves are
-written into ``docs/results.md`` (between the GENERATED markers) and ``docs/results/*.png``.
+from each run's SQLite file and merged into ``docs/results/updates.csv`` (rows of runs not on this
+machine are kept, so a study can be split across sessions and machines); the conclusion, tables and
+curves are written into ``docs/results.md`` (between the GENERATED markers) and
+``docs/results/*.png``. ``--report-only`` rebuilds them from the CSV alone.
 A variant (``configs/repro/variants.toml``) changes settings of every arm alike; its runs are
 reported as their own group. Finished runs are never run again, so an interrupted study resumes.
 """
@@ -35,12 +39,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "repro"
 GTR = str(ROOT / ".venv" / "bin" / "gtr")
-TASKS = ("ezpoints", "numberline")
+TASKS = ("ezpoints", "points24", "numberline")
 ARMS = ("gtr", "rl4vlm", "sft_only", "gtr_noise")
+# The paper's claim, in the order it states it: GTR > SFT-only > RL4VLM (greedy success).
+ORDER = ("gtr", "sft_only", "rl4vlm")
+JUDGE = "eval/success_rate"  # greedy play of fixed held-out deals (metrics.eval_episodes)
 BEGIN, END = "<!-- BEGIN GENERATED (bench/reproduce.py) -->", "<!-- END GENERATED -->"
 
 # (metric key in updates.metrics, column title, how to summarise over updates)
 TABLE = [
+    (JUDGE, "greedy SR final", "final"),
+    (JUDGE, "greedy SR best", "best"),
     ("success_rate", "peak SR (upd ≥ 1)", "peak"),
     ("success_rate", "final SR", "final"),
     ("late_success", "SR last 5 upd", "final"),
@@ -52,10 +61,15 @@ TABLE = [
     ("thought_length", "thought length (words)", "final"),
     ("probe_format_valid_rate", "probe JSON valid", "final"),
     ("corrected_rate", "corrected rate", "final"),
+    ("explained_variance", "value expl. var.", "final"),
     ("run_minutes", "wall min/run", "final"),
+    ("cpu_minutes", "CPU min/run", "final"),
+    ("corrector_calls", "corrector calls", "final"),
+    ("corrector_seconds", "corrector s", "final"),
 ]
 CURVES = [
-    ("success_rate", "success rate (last 200 episodes)"),
+    (JUDGE, "greedy success (held-out deals)"),
+    ("success_rate", "training success rate (window)"),
     ("episode_return", "episode return"),
     ("probe_relevance", "probe state relevance"),
     ("probe_top_thought_share", "probe top-thought share"),
@@ -63,6 +77,10 @@ CURVES = [
     ("thought_length", "thought length (words)"),
     ("probe_format_valid_rate", "probe JSON valid"),
     ("corrected_rate", "corrected rate"),
+    ("grad_norm", "gradient norm (PPO+value)"),
+    ("grad_norm/sft", "gradient norm (thought SFT)"),
+    ("explained_variance", "value explained variance"),
+    ("sft_samples", "DAgger buffer size"),
 ]
 
 
@@ -108,10 +126,15 @@ def run_jobs(jobs: list[Job], parallel: int, models: Path) -> dict[str, float]:
         time.sleep(2)
         for item in list(running):
             job, proc, started = item
-            if proc.poll() is None:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
                 continue
+            proc.returncode = os.waitstatus_to_exitcode(status)
             running.remove(item)
             walls[job.name] = time.monotonic() - started
+            cpu = {"cpu_seconds": usage.ru_utime + usage.ru_stime,
+                   "wall_seconds": walls[job.name], "load_1min": os.getloadavg()[0]}
+            (job.data_dir / "usage.json").write_text(json.dumps(cpu))
             print(f"[{stamp()}] done  {job.name} rc={proc.returncode} "
                   f"{walls[job.name]:.0f}s  load {os.getloadavg()[0]:.1f}", flush=True)
             if proc.returncode != 0:
@@ -146,19 +169,28 @@ def run_name(task: str, arm: str, seed: int, variant: str = "") -> str:
 def run_config(
     task: str, arm: str, seed: int, out: Path, updates: int | None, variant: str = ""
 ) -> dict[str, Any]:
-    """The arm's TOML with this seed, the task's warm start, the variant's changes (applied to
-    every arm alike) and (optionally) fewer updates."""
-    with open(CONFIGS / f"{task}-{arm}.toml", "rb") as f:
+    """The task's shared TOML with the arm's changes, this seed, the task's warm start, the
+    variant's changes (applied to every arm alike) and (optionally) fewer updates."""
+    with open(CONFIGS / f"{task}.toml", "rb") as f:
         cfg = tomllib.load(f)
     cfg["seed"] = seed
     cfg["name"] = "repro-" + run_name(task, arm, seed, variant)
     cfg["init"]["checkpoint"] = str((out / "warm" / task).resolve())
-    for key, value in variant_changes(variant).items():
-        section, _, field = key.partition(".")
-        cfg.setdefault(section, {})[field] = value
+    for key, value in [*arm_changes(arm).items(), *variant_changes(variant).items()]:
+        section, _, field = key.rpartition(".")
+        (cfg.setdefault(section, {}) if section else cfg)[field] = value
     if updates:
         cfg["train"]["num_updates"] = updates
     return cfg
+
+
+def arm_changes(arm: str) -> dict[str, Any]:
+    """The dotted-key changes that make an arm (configs/repro/arms.toml)."""
+    with open(CONFIGS / "arms.toml", "rb") as f:
+        table = tomllib.load(f)
+    if arm not in table:
+        sys.exit(f"no arm {arm!r} in {CONFIGS / 'arms.toml'} (arms: {', '.join(table)})")
+    return {k: v for k, v in table[arm].items() if k != "description"}
 
 
 def variant_changes(variant: str) -> dict[str, Any]:
@@ -277,7 +309,8 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                         continue
                     group = f"{task} [{variant}]" if variant else task
                     updates = read_updates(run_dir)
-                    updates[-1] |= late_episodes(run_dir, len(updates) - 5) | run_minutes(run_dir)
+                    updates[-1] |= (late_episodes(run_dir, len(updates) - 5)
+                                    | run_minutes(run_dir) | corrector_cost(run_dir))
                     for u in updates:
                         rows.append({"group": group, "task": task, "variant": variant,
                                      "arm": arm, "seed": seed, **u})
@@ -304,10 +337,57 @@ def run_minutes(run_dir: Path) -> dict[str, float]:
     return {"run_minutes": span.total_seconds() / 60}
 
 
+def corrector_cost(run_dir: Path) -> dict[str, float]:
+    """What the run's corrector cost: calls, tokens, seconds of latency (summed), and the CPU
+    minutes of the whole `gtr train` process (written by run_jobs when it ended)."""
+    with sqlite3.connect(run_dir / "data" / "gtr.sqlite3") as con:
+        calls, tokens, ms = con.execute(
+            "SELECT count(*), coalesce(sum(tokens), 0), coalesce(sum(latency_ms), 0)"
+            " FROM corrections WHERE status != 'pending'").fetchone()
+    out = {"corrector_calls": float(calls), "corrector_tokens": float(tokens),
+           "corrector_seconds": ms / 1000}
+    usage = run_dir / "data" / "usage.json"
+    if usage.exists():
+        out["cpu_minutes"] = json.loads(usage.read_text())["cpu_seconds"] / 60
+    return out
+
+
 def variants_found(out: Path, task: str) -> list[str]:
     """"" (the base settings) first, then the variants that have run folders for the task."""
     names = [p.name.split("-", 3) for p in (out / "runs").glob(f"{task}-*")]
     return ["", *sorted({n[3] for n in names if len(n) == 4})]
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows write_csv wrote (numbers back as numbers, empty cells dropped)."""
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row: dict[str, Any] = {}
+            for k, v in r.items():
+                if v == "":
+                    continue
+                if k in ("seed", "update", "env_steps"):
+                    row[k] = int(float(v))
+                elif k in ("group", "task", "variant", "arm", "created_at"):
+                    row[k] = v
+                else:
+                    try:
+                        row[k] = float(v)
+                    except ValueError:
+                        row[k] = v
+            row.setdefault("variant", "")
+            rows.append(row)
+    return rows
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The CSV's rows with every run collected now replacing its old rows (studies append
+    across sessions and machines: a run folder need not be on this machine to be reported)."""
+    fresh = {(r["group"], r["arm"], r["seed"]) for r in new}
+    return [r for r in old if (r["group"], r["arm"], r["seed"]) not in fresh] + new
 
 
 def groups(rows: list[dict[str, Any]]) -> list[str]:
@@ -338,6 +418,8 @@ def summarise(values: list[float], how: str) -> float:
         return math.nan
     if how == "peak":  # update 0's rollout comes from the shared warm start: skip it
         return max(finite[1:] or finite)
+    if how == "best":
+        return max(finite)
     return finite[-1]
 
 
@@ -361,10 +443,12 @@ def table_md(rows: list[dict[str, Any]], arms: list[str], out: Path) -> str:
         warm = out / "warm" / task / "warm_start.json"
         if warm.exists() and group == task:
             w = json.loads(warm.read_text())
+            known = {"greedy SR final": w.get("eval/success", math.nan),
+                     "probe relevance": w.get("eval/read", math.nan),
+                     "probe JSON valid": w.get("eval/json", math.nan)}
+            cells = [f"{known[t]:.2f}" if t in known else "" for _, t, _ in TABLE]
             lines.append(f"| {task} | warm start (greedy, 60 episodes) | – | "
-                         f"{w.get('eval/success', math.nan):.2f} | | | | | "
-                         f"read {w.get('eval/read', math.nan):.2f} | | | | "
-                         f"{w.get('eval/json', math.nan):.2f} | | |")
+                         + " | ".join(cells) + " |")
         for arm in arms:
             per_seed = {k: series(rows, group, arm, k) for k, _, _ in TABLE}
             seeds = sorted(per_seed["success_rate"])
@@ -374,6 +458,89 @@ def table_md(rows: list[dict[str, Any]], arms: list[str], out: Path) -> str:
                      for k, _, how in TABLE]
             lines.append(f"| {group} | {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def final_per_seed(rows: list[dict[str, Any]], group: str, arm: str, key: str) -> dict[int, float]:
+    """seed -> the metric's last finite value in that seed's run."""
+    return {seed: summarise(v, "final") for seed, v in series(rows, group, arm, key).items()}
+
+
+def pairs(arms: list[str]) -> list[tuple[str, str]]:
+    """The paper's ordering pair by pair, then every other arm against gtr."""
+    present = [a for a in ORDER if a in arms]
+    out = list(zip(present, present[1:], strict=False))
+    if "gtr" in arms and "rl4vlm" in arms:
+        out.append(("gtr", "rl4vlm"))
+    return out + [(a, "gtr") for a in arms if a not in ORDER]
+
+
+def paired_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
+    """Per group and pair: final greedy success A - B on the seeds both ran (same warm start,
+    same env seeds), its mean ± sd, and on how many seeds A won, tied, lost."""
+    lines = ["| task | A vs B | seeds | mean A − B | A won / tied / lost |",
+             "|---|---|---|---|---|"]
+    for group in groups(rows):
+        for a, b in pairs(arms):
+            fa, fb = (final_per_seed(rows, group, x, JUDGE) for x in (a, b))
+            common = sorted(s for s in fa.keys() & fb.keys()
+                            if not (math.isnan(fa[s]) or math.isnan(fb[s])))
+            if not common:
+                continue
+            d = [fa[s] - fb[s] for s in common]
+            won = sum(x > 1e-9 for x in d)
+            lost = sum(x < -1e-9 for x in d)
+            lines.append(f"| {group} | {a} vs {b} | {len(common)} | {mean_sd(d)} | "
+                         f"{won} / {len(d) - won - lost} / {lost} |")
+    return "\n".join(lines)
+
+
+def _mean(xs: list[float]) -> float:
+    return _nanmean(tuple(xs))
+
+
+def conclusion_md(rows: list[dict[str, Any]], max_share: float = 0.5,
+                  min_relevance: float = 0.3) -> str:
+    """One paragraph per group, computed from the table's own numbers: does GTR > SFT-only >
+    RL4VLM hold on final greedy success (means and paired wins), and did RL4VLM's probe thoughts
+    collapse (top-thought share > max_share or relevance < min_relevance) while GTR's did not?"""
+    out = [] if rows else ["- No finished run in `docs/results/updates.csv` yet."]
+    for group in groups(rows):
+        finals = {a: {s: v for s, v in final_per_seed(rows, group, a, JUDGE).items()
+                      if not math.isnan(v)} for a in ORDER}
+        if not all(finals.values()):
+            missing = [a for a, f in finals.items() if not f]
+            out.append(f"- **{group}**: not judged: no run of {', '.join(missing)} with a greedy "
+                       "evaluation (metrics.eval_episodes) has finished.")
+            continue
+        m = {a: _mean(list(f.values())) for a, f in finals.items()}
+        n = min(len(f) for f in finals.values())
+        wins = []
+        for a, b in zip(ORDER, ORDER[1:], strict=False):
+            common = finals[a].keys() & finals[b].keys()
+            wins.append(f"{a} beat {b} on {sum(finals[a][s] > finals[b][s] for s in common)}"
+                        f" of {len(common)} seeds")
+        holds = m["gtr"] > m["sft_only"] > m["rl4vlm"]
+        share = {a: _mean(list(final_per_seed(rows, group, a, "probe_top_thought_share").values()))
+                 for a in ("gtr", "rl4vlm")}
+        rel = {a: _mean(list(final_per_seed(rows, group, a, "probe_relevance").values()))
+               for a in ("gtr", "rl4vlm")}
+        collapsed = {a: share[a] > max_share or rel[a] < min_relevance for a in share}
+        verdict = "holds" if holds else "does **not** hold"
+        collapse = (
+            "RL4VLM's probe thoughts collapsed and GTR's did not"
+            if collapsed["rl4vlm"] and not collapsed["gtr"]
+            else "no collapse contrast: "
+            + ("both collapsed" if all(collapsed.values()) else
+               "GTR collapsed, RL4VLM did not" if collapsed["gtr"] else "neither collapsed")
+        )
+        out.append(
+            f"- **{group}** ({n}+ seeds per arm, final greedy success): gtr {m['gtr']:.2f}, "
+            f"sft_only {m['sft_only']:.2f}, rl4vlm {m['rl4vlm']:.2f}: the paper's ordering "
+            f"{verdict} ({'; '.join(wins)}). Probe at the last update: top-thought share "
+            f"gtr {share['gtr']:.2f} / rl4vlm {share['rl4vlm']:.2f}, relevance gtr "
+            f"{rel['gtr']:.2f} / rl4vlm {rel['rl4vlm']:.2f}: {collapse}."
+        )
+    return "\n".join(out)
 
 
 def png_name(group: str) -> str:
@@ -387,8 +554,10 @@ def plot(rows: list[dict[str, Any]], group: str, arms: list[str], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
-    for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
+    fig, axes = plt.subplots(4, 4, figsize=(18, 14))
+    for ax in axes.flat[len(CURVES):]:
+        ax.set_visible(False)
+    for ax, (key, title) in zip(axes.flat, CURVES, strict=False):
         for arm in arms:
             runs = series(rows, group, arm, key)
             if not runs:
@@ -439,11 +608,16 @@ def machine() -> str:
 
 def generated_md(rows: list[dict[str, Any]], arms: list[str], out: Path,
                  meta: dict[str, Any]) -> str:
-    parts = [BEGIN, "", "### Table (mean ± sd over seeds; 'final' = last update)", "",
-             table_md(rows, arms, out), ""]
+    parts = [BEGIN, "", "### Conclusion (computed from the tables below)", "",
+             conclusion_md(rows), "",
+             "### Table (mean ± sd over seeds; 'final' = last update; greedy SR = held-out "
+             "deals played greedily)", "", table_md(rows, arms, out), "",
+             "### Paired comparisons (same seeds and warm start; final greedy success)", "",
+             paired_md(rows, arms), ""]
     for group in groups(rows):
         parts += [f"![{group} curves](results/{png_name(group)})", ""]
-    parts += ["### How this table was made", "", "```bash", *meta["commands"], "```", "",
+    commands = ["```bash", *meta["commands"], "```", ""] if meta["commands"] else []
+    parts += ["### How this table was made", "", *commands,
               f"- Machine: {meta['machine']}", f"- Budget: {meta['budget']}",
               *[f"- Wall time of `{w['command']}`: {w['minutes']} min with --jobs {w['jobs']}, "
                 f"finished {w['finished']}; 1-min load average between stages "
@@ -484,16 +658,18 @@ def main() -> None:
     ap.add_argument("--variant", default="", help="a section of configs/repro/variants.toml")
     ap.add_argument("--plan", default="",
                     help="explicit run order TASK:SEED:VARIANT,... (VARIANT may be empty)")
-    ap.add_argument("--report-only", action="store_true", help="only collect and write the report")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild docs/results.md from docs/results/updates.csv alone")
     args = ap.parse_args()
     tasks, arms = args.tasks.split(","), args.arms.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     task_seeds = {t: [int(x) for x in v.split("+")]
                   for t, _, v in (kv.partition("=") for kv in args.task_seeds.split(",") if kv)}
     for t in tasks:
-        for a in arms:
-            if not (CONFIGS / f"{t}-{a}.toml").exists():
-                sys.exit(f"no config {CONFIGS / f'{t}-{a}.toml'}")
+        if not (CONFIGS / f"{t}.toml").exists():
+            sys.exit(f"no study config {CONFIGS / f'{t}.toml'} (tasks: {', '.join(TASKS)})")
+    for a in arms:
+        arm_changes(a)  # exits with the list of arms when one is unknown
     out = args.out.resolve()
     models = out / "models"
     started, loads = time.monotonic(), [os.getloadavg()[0]]
@@ -503,7 +679,10 @@ def main() -> None:
         items = plan_items(tasks, seeds, task_seeds, args.variant, args.plan)
         run_jobs(train_jobs(items, arms, out, args.updates), args.jobs, models)
         loads.append(os.getloadavg()[0])
-    rows = collect(out, tasks, arms, seeds)
+    # --report-only rebuilds the page from the CSV alone; a study merges what it collected.
+    kept = read_csv(args.results / "updates.csv")
+    rows = kept if args.report_only else merge(kept, collect(out, tasks, arms, seeds))
+    arms = [*arms, *sorted({r["arm"] for r in rows} - set(arms))]
     budget = {t: run_config(t, arms[0], 0, out, args.updates)["train"] for t in tasks}
     meta = previous_meta(args.results)
     meta |= {"tasks": tasks, "arms": arms, "seeds": seeds}
