@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs" / "repro"
+CONFIGS = ROOT / "configs" / "repro"  # arms.toml, variants.toml, TASK-warm.toml
+# Where TASK.toml and the warm starts come from (--config-dir, --warm-from: a 7B GPU study).
+STUDY = {"configs": CONFIGS, "warm": Path()}
 GTR = str(ROOT / ".venv" / "bin" / "gtr")
 TASKS = ("ezpoints", "points24", "numberline")
 ARMS = ("gtr", "rl4vlm", "sft_only", "gtr_noise")
@@ -171,11 +173,12 @@ def run_config(
 ) -> dict[str, Any]:
     """The task's shared TOML with the arm's changes, this seed, the task's warm start, the
     variant's changes (applied to every arm alike) and (optionally) fewer updates."""
-    with open(CONFIGS / f"{task}.toml", "rb") as f:
+    with open(STUDY["configs"] / f"{task}.toml", "rb") as f:
         cfg = tomllib.load(f)
     cfg["seed"] = seed
     cfg["name"] = "repro-" + run_name(task, arm, seed, variant)
-    cfg["init"]["checkpoint"] = str((out / "warm" / task).resolve())
+    warm = STUDY["warm"] if STUDY["warm"] != Path() else out / "warm"
+    cfg["init"]["checkpoint"] = str((warm / task).resolve())
     for key, value in [*arm_changes(arm).items(), *variant_changes(variant).items()]:
         section, _, field = key.rpartition(".")
         (cfg.setdefault(section, {}) if section else cfg)[field] = value
@@ -658,6 +661,11 @@ def main() -> None:
     ap.add_argument("--variant", default="", help="a section of configs/repro/variants.toml")
     ap.add_argument("--plan", default="",
                     help="explicit run order TASK:SEED:VARIANT,... (VARIANT may be empty)")
+    ap.add_argument("--config-dir", type=Path, default=CONFIGS,
+                    help="TASK.toml files of the study (arms.toml/variants.toml: configs/repro)")
+    ap.add_argument("--warm-from", type=Path,
+                    help="use DIR/TASK as every arm's start instead of running gtr sft (GPU: the "
+                         "paper's SFT-initialised model)")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild docs/results.md from docs/results/updates.csv alone")
     args = ap.parse_args()
@@ -665,16 +673,21 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     task_seeds = {t: [int(x) for x in v.split("+")]
                   for t, _, v in (kv.partition("=") for kv in args.task_seeds.split(",") if kv)}
+    STUDY["configs"] = args.config_dir.resolve()
+    STUDY["warm"] = args.warm_from.resolve() if args.warm_from else Path()
     for t in tasks:
-        if not (CONFIGS / f"{t}.toml").exists():
-            sys.exit(f"no study config {CONFIGS / f'{t}.toml'} (tasks: {', '.join(TASKS)})")
+        if not (STUDY["configs"] / f"{t}.toml").exists():
+            sys.exit(f"no study config {STUDY['configs'] / f'{t}.toml'}")
+        if args.warm_from and not (args.warm_from / t).is_dir():
+            sys.exit(f"--warm-from: no folder {args.warm_from / t} (the start model for {t})")
     for a in arms:
         arm_changes(a)  # exits with the list of arms when one is unknown
     out = args.out.resolve()
     models = out / "models"
     started, loads = time.monotonic(), [os.getloadavg()[0]]
     if not args.report_only:
-        run_jobs(warm_jobs(tasks, out), args.jobs, models)
+        if not args.warm_from:
+            run_jobs(warm_jobs(tasks, out), args.jobs, models)
         loads.append(os.getloadavg()[0])
         items = plan_items(tasks, seeds, task_seeds, args.variant, args.plan)
         run_jobs(train_jobs(items, arms, out, args.updates), args.jobs, models)
