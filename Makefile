@@ -28,7 +28,7 @@ test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -rs
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check . && $(BIN)/mypy
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) gtr-data

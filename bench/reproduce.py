@@ -120,7 +120,10 @@ def run_jobs(jobs: list[Job], parallel: int, models: Path) -> dict[str, float]:
             job.data_dir.mkdir(parents=True, exist_ok=True)
             with open(job.log, "w") as log:
                 proc = subprocess.Popen(
-                    job.cmd, cwd=ROOT, env=child_env(job.data_dir, models), stdout=log,
+                    job.cmd,
+                    cwd=ROOT,
+                    env=child_env(job.data_dir, models),
+                    stdout=log,
                     stderr=subprocess.STDOUT,
                 )
             running.append((job, proc, time.monotonic()))
@@ -134,11 +137,17 @@ def run_jobs(jobs: list[Job], parallel: int, models: Path) -> dict[str, float]:
             proc.returncode = os.waitstatus_to_exitcode(status)
             running.remove(item)
             walls[job.name] = time.monotonic() - started
-            cpu = {"cpu_seconds": usage.ru_utime + usage.ru_stime,
-                   "wall_seconds": walls[job.name], "load_1min": os.getloadavg()[0]}
+            cpu = {
+                "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                "wall_seconds": walls[job.name],
+                "load_1min": os.getloadavg()[0],
+            }
             (job.data_dir / "usage.json").write_text(json.dumps(cpu))
-            print(f"[{stamp()}] done  {job.name} rc={proc.returncode} "
-                  f"{walls[job.name]:.0f}s  load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"[{stamp()}] done  {job.name} rc={proc.returncode} "
+                f"{walls[job.name]:.0f}s  load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
             if proc.returncode != 0:
                 print(f"  see {job.log}", flush=True)
     return walls
@@ -158,8 +167,15 @@ def warm_jobs(tasks: list[str], out: Path) -> list[Job]:
         dest = out / "warm" / task
         if (dest / "policy.json").exists():
             continue
-        cmd = [GTR, "sft", str(CONFIGS / f"{task}-warm.toml"), "--out", str(dest),
-               "--eval-episodes", "60"]
+        cmd = [
+            GTR,
+            "sft",
+            str(CONFIGS / f"{task}-warm.toml"),
+            "--out",
+            str(dest),
+            "--eval-episodes",
+            "60",
+        ]
         jobs.append(Job(f"warm/{task}", cmd, out / "warm-data" / task, out / f"warm-{task}.log"))
     return jobs
 
@@ -208,7 +224,10 @@ def variant_changes(variant: str) -> dict[str, Any]:
 
 
 def plan_items(
-    tasks: list[str], seeds: list[int], task_seeds: dict[str, list[int]], variant: str,
+    tasks: list[str],
+    seeds: list[int],
+    task_seeds: dict[str, list[int]],
+    variant: str,
     plan: str,
 ) -> list[tuple[str, int, str]]:
     """(task, seed, variant) in run order: --plan as given, else seed by seed, task by task."""
@@ -256,13 +275,15 @@ def is_live(run_dir: Path, stale_s: float = 120.0) -> bool:
 
 def to_toml(cfg: dict[str, Any]) -> str:
     """A flat TOML writer for run configs (scalars at the top, one table per section)."""
+
     def val(v: Any) -> str:
         return json.dumps(v) if isinstance(v, str | bool) or v is None else repr(v)
 
     top = [f"{k} = {val(v)}" for k, v in cfg.items() if not isinstance(v, dict)]
     tables = [
         f"\n[{k}]\n" + "\n".join(f"{kk} = {val(vv)}" for kk, vv in v.items())
-        for k, v in cfg.items() if isinstance(v, dict)
+        for k, v in cfg.items()
+        if isinstance(v, dict)
     ]
     return "\n".join(top) + "\n" + "\n".join(tables) + "\n"
 
@@ -284,7 +305,8 @@ def read_updates(run_dir: Path) -> list[dict[str, Any]]:
     db = run_dir / "data" / "gtr.sqlite3"
     with sqlite3.connect(db) as con:
         run_id, config = con.execute(
-            "SELECT id, config FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+            "SELECT id, config FROM runs ORDER BY id DESC LIMIT 1"
+        ).fetchone()
         rows = con.execute(
             "SELECT idx, metrics, created_at FROM updates WHERE run_id = ? ORDER BY idx", (run_id,)
         ).fetchall()
@@ -295,8 +317,14 @@ def read_updates(run_dir: Path) -> list[dict[str, Any]]:
         m = json.loads(metrics)
         if not m.get("trained"):
             continue
-        out.append({"update": idx, "env_steps": (idx + 1) * per_update, "created_at": created,
-                    **{k: v for k, v in m.items() if isinstance(v, int | float)}})
+        out.append(
+            {
+                "update": idx,
+                "env_steps": (idx + 1) * per_update,
+                "created_at": created,
+                **{k: v for k, v in m.items() if isinstance(v, int | float)},
+            }
+        )
     return out
 
 
@@ -312,11 +340,22 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                         continue
                     group = f"{task} [{variant}]" if variant else task
                     updates = read_updates(run_dir)
-                    updates[-1] |= (late_episodes(run_dir, len(updates) - 5)
-                                    | run_minutes(run_dir) | corrector_cost(run_dir))
+                    updates[-1] |= (
+                        late_episodes(run_dir, len(updates) - 5)
+                        | run_minutes(run_dir)
+                        | corrector_cost(run_dir)
+                    )
                     for u in updates:
-                        rows.append({"group": group, "task": task, "variant": variant,
-                                     "arm": arm, "seed": seed, **u})
+                        rows.append(
+                            {
+                                "group": group,
+                                "task": task,
+                                "variant": variant,
+                                "arm": arm,
+                                "seed": seed,
+                                **u,
+                            }
+                        )
     return rows
 
 
@@ -325,7 +364,9 @@ def late_episodes(run_dir: Path, first_update: int) -> dict[str, float]:
     with sqlite3.connect(run_dir / "data" / "gtr.sqlite3") as con:
         n, sr, er = con.execute(
             "SELECT count(*), avg(success), avg(total_return) FROM episodes"
-            " WHERE finished AND update_idx >= ?", (first_update,)).fetchone()
+            " WHERE finished AND update_idx >= ?",
+            (first_update,),
+        ).fetchone()
     return {"late_success": sr, "late_return": er, "late_episodes": n} if n else {}
 
 
@@ -333,7 +374,8 @@ def run_minutes(run_dir: Path) -> dict[str, float]:
     """Wall minutes of the run, warm-start load to the last update (others' load included)."""
     with sqlite3.connect(run_dir / "data" / "gtr.sqlite3") as con:
         start, end = con.execute(
-            "SELECT started_at, finished_at FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+            "SELECT started_at, finished_at FROM runs ORDER BY id DESC LIMIT 1"
+        ).fetchone()
     if not (start and end):
         return {}
     span = datetime.fromisoformat(end) - datetime.fromisoformat(start)
@@ -346,9 +388,13 @@ def corrector_cost(run_dir: Path) -> dict[str, float]:
     with sqlite3.connect(run_dir / "data" / "gtr.sqlite3") as con:
         calls, tokens, ms = con.execute(
             "SELECT count(*), coalesce(sum(tokens), 0), coalesce(sum(latency_ms), 0)"
-            " FROM corrections WHERE status != 'pending'").fetchone()
-    out = {"corrector_calls": float(calls), "corrector_tokens": float(tokens),
-           "corrector_seconds": ms / 1000}
+            " FROM corrections WHERE status != 'pending'"
+        ).fetchone()
+    out = {
+        "corrector_calls": float(calls),
+        "corrector_tokens": float(tokens),
+        "corrector_seconds": ms / 1000,
+    }
     usage = run_dir / "data" / "usage.json"
     if usage.exists():
         out["cpu_minutes"] = json.loads(usage.read_text())["cpu_seconds"] / 60
@@ -356,7 +402,7 @@ def corrector_cost(run_dir: Path) -> dict[str, float]:
 
 
 def variants_found(out: Path, task: str) -> list[str]:
-    """"" (the base settings) first, then the variants that have run folders for the task."""
+    """ "" (the base settings) first, then the variants that have run folders for the task."""
     names = [p.name.split("-", 3) for p in (out / "runs").glob(f"{task}-*")]
     return ["", *sorted({n[3] for n in names if len(n) == 4})]
 
@@ -446,19 +492,23 @@ def table_md(rows: list[dict[str, Any]], arms: list[str], out: Path) -> str:
         warm = out / "warm" / task / "warm_start.json"
         if warm.exists() and group == task:
             w = json.loads(warm.read_text())
-            known = {"greedy SR final": w.get("eval/success", math.nan),
-                     "probe relevance": w.get("eval/read", math.nan),
-                     "probe JSON valid": w.get("eval/json", math.nan)}
+            known = {
+                "greedy SR final": w.get("eval/success", math.nan),
+                "probe relevance": w.get("eval/read", math.nan),
+                "probe JSON valid": w.get("eval/json", math.nan),
+            }
             cells = [f"{known[t]:.2f}" if t in known else "" for _, t, _ in TABLE]
-            lines.append(f"| {task} | warm start (greedy, 60 episodes) | – | "
-                         + " | ".join(cells) + " |")
+            lines.append(
+                f"| {task} | warm start (greedy, 60 episodes) | – | " + " | ".join(cells) + " |"
+            )
         for arm in arms:
             per_seed = {k: series(rows, group, arm, k) for k, _, _ in TABLE}
             seeds = sorted(per_seed["success_rate"])
             if not seeds:
                 continue
-            cells = [mean_sd([summarise(per_seed[k][s], how) for s in seeds])
-                     for k, _, how in TABLE]
+            cells = [
+                mean_sd([summarise(per_seed[k][s], how) for s in seeds]) for k, _, how in TABLE
+            ]
             lines.append(f"| {group} | {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -480,20 +530,25 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
 def paired_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
     """Per group and pair: final greedy success A - B on the seeds both ran (same warm start,
     same env seeds), its mean ± sd, and on how many seeds A won, tied, lost."""
-    lines = ["| task | A vs B | seeds | mean A − B | A won / tied / lost |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| task | A vs B | seeds | mean A − B | A won / tied / lost |",
+        "|---|---|---|---|---|",
+    ]
     for group in groups(rows):
         for a, b in pairs(arms):
             fa, fb = (final_per_seed(rows, group, x, JUDGE) for x in (a, b))
-            common = sorted(s for s in fa.keys() & fb.keys()
-                            if not (math.isnan(fa[s]) or math.isnan(fb[s])))
+            common = sorted(
+                s for s in fa.keys() & fb.keys() if not (math.isnan(fa[s]) or math.isnan(fb[s]))
+            )
             if not common:
                 continue
             d = [fa[s] - fb[s] for s in common]
             won = sum(x > 1e-9 for x in d)
             lost = sum(x < -1e-9 for x in d)
-            lines.append(f"| {group} | {a} vs {b} | {len(common)} | {mean_sd(d)} | "
-                         f"{won} / {len(d) - won - lost} / {lost} |")
+            lines.append(
+                f"| {group} | {a} vs {b} | {len(common)} | {mean_sd(d)} | "
+                f"{won} / {len(d) - won - lost} / {lost} |"
+            )
     return "\n".join(lines)
 
 
@@ -501,40 +556,56 @@ def _mean(xs: list[float]) -> float:
     return _nanmean(tuple(xs))
 
 
-def conclusion_md(rows: list[dict[str, Any]], max_share: float = 0.5,
-                  min_relevance: float = 0.3) -> str:
+def conclusion_md(
+    rows: list[dict[str, Any]], max_share: float = 0.5, min_relevance: float = 0.3
+) -> str:
     """One paragraph per group, computed from the table's own numbers: does GTR > SFT-only >
     RL4VLM hold on final greedy success (means and paired wins), and did RL4VLM's probe thoughts
     collapse (top-thought share > max_share or relevance < min_relevance) while GTR's did not?"""
     out = [] if rows else ["- No finished run in `docs/results/updates.csv` yet."]
     for group in groups(rows):
-        finals = {a: {s: v for s, v in final_per_seed(rows, group, a, JUDGE).items()
-                      if not math.isnan(v)} for a in ORDER}
+        finals = {
+            a: {s: v for s, v in final_per_seed(rows, group, a, JUDGE).items() if not math.isnan(v)}
+            for a in ORDER
+        }
         if not all(finals.values()):
             missing = [a for a, f in finals.items() if not f]
-            out.append(f"- **{group}**: not judged: no run of {', '.join(missing)} with a greedy "
-                       "evaluation (metrics.eval_episodes) has finished.")
+            out.append(
+                f"- **{group}**: not judged: no run of {', '.join(missing)} with a greedy "
+                "evaluation (metrics.eval_episodes) has finished."
+            )
             continue
         m = {a: _mean(list(f.values())) for a, f in finals.items()}
         n = min(len(f) for f in finals.values())
         wins = []
         for a, b in zip(ORDER, ORDER[1:], strict=False):
             common = finals[a].keys() & finals[b].keys()
-            wins.append(f"{a} beat {b} on {sum(finals[a][s] > finals[b][s] for s in common)}"
-                        f" of {len(common)} seeds")
+            wins.append(
+                f"{a} beat {b} on {sum(finals[a][s] > finals[b][s] for s in common)}"
+                f" of {len(common)} seeds"
+            )
         holds = m["gtr"] > m["sft_only"] > m["rl4vlm"]
-        share = {a: _mean(list(final_per_seed(rows, group, a, "probe_top_thought_share").values()))
-                 for a in ("gtr", "rl4vlm")}
-        rel = {a: _mean(list(final_per_seed(rows, group, a, "probe_relevance").values()))
-               for a in ("gtr", "rl4vlm")}
+        share = {
+            a: _mean(list(final_per_seed(rows, group, a, "probe_top_thought_share").values()))
+            for a in ("gtr", "rl4vlm")
+        }
+        rel = {
+            a: _mean(list(final_per_seed(rows, group, a, "probe_relevance").values()))
+            for a in ("gtr", "rl4vlm")
+        }
         collapsed = {a: share[a] > max_share or rel[a] < min_relevance for a in share}
         verdict = "holds" if holds else "does **not** hold"
         collapse = (
             "RL4VLM's probe thoughts collapsed and GTR's did not"
             if collapsed["rl4vlm"] and not collapsed["gtr"]
             else "no collapse contrast: "
-            + ("both collapsed" if all(collapsed.values()) else
-               "GTR collapsed, RL4VLM did not" if collapsed["gtr"] else "neither collapsed")
+            + (
+                "both collapsed"
+                if all(collapsed.values())
+                else "GTR collapsed, RL4VLM did not"
+                if collapsed["gtr"]
+                else "neither collapsed"
+            )
         )
         out.append(
             f"- **{group}** ({n}+ seeds per arm, final greedy success): gtr {m['gtr']:.2f}, "
@@ -558,7 +629,7 @@ def plot(rows: list[dict[str, Any]], group: str, arms: list[str], path: Path) ->
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(4, 4, figsize=(18, 14))
-    for ax in axes.flat[len(CURVES):]:
+    for ax in axes.flat[len(CURVES) :]:
         ax.set_visible(False)
     for ax, (key, title) in zip(axes.flat, CURVES, strict=False):
         for arm in arms:
@@ -566,8 +637,11 @@ def plot(rows: list[dict[str, Any]], group: str, arms: list[str], path: Path) ->
             if not runs:
                 continue
             n = min(len(v) for v in runs.values())
-            steps = [r["env_steps"] for r in rows
-                     if r["group"] == group and r["arm"] == arm and r["seed"] == min(runs)][:n]
+            steps = [
+                r["env_steps"]
+                for r in rows
+                if r["group"] == group and r["arm"] == arm and r["seed"] == min(runs)
+            ][:n]
             cols = list(zip(*[v[:n] for v in runs.values()], strict=True))
             mean = [_nanmean(c) for c in cols]
             line = ax.plot(steps, mean, label=f"{arm} (n={len(runs)})")[0]
@@ -609,31 +683,58 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {py}, {platform.system()}"
 
 
-def generated_md(rows: list[dict[str, Any]], arms: list[str], out: Path,
-                 meta: dict[str, Any]) -> str:
-    parts = [BEGIN, "", "### Conclusion (computed from the tables below)", "",
-             conclusion_md(rows), "",
-             "### Table (mean ± sd over seeds; 'final' = last update; greedy SR = held-out "
-             "deals played greedily)", "", table_md(rows, arms, out), "",
-             "### Paired comparisons (same seeds and warm start; final greedy success)", "",
-             paired_md(rows, arms), ""]
+def generated_md(
+    rows: list[dict[str, Any]], arms: list[str], out: Path, meta: dict[str, Any]
+) -> str:
+    parts = [
+        BEGIN,
+        "",
+        "### Conclusion (computed from the tables below)",
+        "",
+        conclusion_md(rows),
+        "",
+        "### Table (mean ± sd over seeds; 'final' = last update; greedy SR = held-out "
+        "deals played greedily)",
+        "",
+        table_md(rows, arms, out),
+        "",
+        "### Paired comparisons (same seeds and warm start; final greedy success)",
+        "",
+        paired_md(rows, arms),
+        "",
+    ]
     for group in groups(rows):
         parts += [f"![{group} curves](results/{png_name(group)})", ""]
     commands = ["```bash", *meta["commands"], "```", ""] if meta["commands"] else []
-    parts += ["### How this table was made", "", *commands,
-              f"- Machine: {meta['machine']}", f"- Budget: {meta['budget']}",
-              *[f"- Wall time of `{w['command']}`: {w['minutes']} min with --jobs {w['jobs']}, "
-                f"finished {w['finished']}; 1-min load average between stages "
-                f"{', '.join(str(x) for x in w['load_1min'])} (others' work included)"
-                for w in meta.get("walls", [])],
-              *([f"- Wall time: {meta['wall_note']}"] if meta.get("wall_note") else []),
-              f"- Raw data: `docs/results/updates.csv` ({len(rows)} update rows), "
-              f"`docs/results/meta.json`", "", END]
+    parts += [
+        "### How this table was made",
+        "",
+        *commands,
+        f"- Machine: {meta['machine']}",
+        f"- Budget: {meta['budget']}",
+        *[
+            f"- Wall time of `{w['command']}`: {w['minutes']} min with --jobs {w['jobs']}, "
+            f"finished {w['finished']}; 1-min load average between stages "
+            f"{', '.join(str(x) for x in w['load_1min'])} (others' work included)"
+            for w in meta.get("walls", [])
+        ],
+        *([f"- Wall time: {meta['wall_note']}"] if meta.get("wall_note") else []),
+        f"- Raw data: `docs/results/updates.csv` ({len(rows)} update rows), "
+        f"`docs/results/meta.json`",
+        "",
+        END,
+    ]
     return "\n".join(parts)
 
 
-def write_report(rows: list[dict[str, Any]], tasks: list[str], arms: list[str], out: Path,
-                 results: Path, meta: dict[str, Any]) -> None:
+def write_report(
+    rows: list[dict[str, Any]],
+    tasks: list[str],
+    arms: list[str],
+    out: Path,
+    results: Path,
+    meta: dict[str, Any],
+) -> None:
     results.mkdir(parents=True, exist_ok=True)
     write_csv(rows, results / "updates.csv")
     (results / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -652,27 +753,43 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--seeds", default="0,1,2", help="run order: seed by seed, as listed")
-    ap.add_argument("--task-seeds", default="",
-                    help="restrict a task's seeds, e.g. numberline=0+1 (state cuts in the report)")
+    ap.add_argument(
+        "--task-seeds",
+        default="",
+        help="restrict a task's seeds, e.g. numberline=0+1 (state cuts in the report)",
+    )
     ap.add_argument("--updates", type=int, help="override train.num_updates (pilots)")
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (1 torch thread each)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "repro")
     ap.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
     ap.add_argument("--variant", default="", help="a section of configs/repro/variants.toml")
-    ap.add_argument("--plan", default="",
-                    help="explicit run order TASK:SEED:VARIANT,... (VARIANT may be empty)")
-    ap.add_argument("--config-dir", type=Path, default=CONFIGS,
-                    help="TASK.toml files of the study (arms.toml/variants.toml: configs/repro)")
-    ap.add_argument("--warm-from", type=Path,
-                    help="use DIR/TASK as every arm's start instead of running gtr sft (GPU: the "
-                         "paper's SFT-initialised model)")
-    ap.add_argument("--report-only", action="store_true",
-                    help="rebuild docs/results.md from docs/results/updates.csv alone")
+    ap.add_argument(
+        "--plan", default="", help="explicit run order TASK:SEED:VARIANT,... (VARIANT may be empty)"
+    )
+    ap.add_argument(
+        "--config-dir",
+        type=Path,
+        default=CONFIGS,
+        help="TASK.toml files of the study (arms.toml/variants.toml: configs/repro)",
+    )
+    ap.add_argument(
+        "--warm-from",
+        type=Path,
+        help="use DIR/TASK as every arm's start instead of running gtr sft (GPU: the "
+        "paper's SFT-initialised model)",
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild docs/results.md from docs/results/updates.csv alone",
+    )
     args = ap.parse_args()
     tasks, arms = args.tasks.split(","), args.arms.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
-    task_seeds = {t: [int(x) for x in v.split("+")]
-                  for t, _, v in (kv.partition("=") for kv in args.task_seeds.split(",") if kv)}
+    task_seeds = {
+        t: [int(x) for x in v.split("+")]
+        for t, _, v in (kv.partition("=") for kv in args.task_seeds.split(",") if kv)
+    }
     STUDY["configs"] = args.config_dir.resolve()
     STUDY["warm"] = args.warm_from.resolve() if args.warm_from else Path()
     for t in tasks:
@@ -702,15 +819,22 @@ def main() -> None:
     if not args.report_only:
         cmd = " ".join([".venv/bin/python", "bench/reproduce.py", *sys.argv[1:]])
         meta["commands"] = [*[c for c in meta.get("commands", []) if c != cmd], cmd]
-        meta["walls"] = [*meta.get("walls", []), {
-            "command": cmd, "minutes": round((time.monotonic() - started) / 60, 1),
-            "jobs": args.jobs, "finished": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-            "load_1min": [round(x, 1) for x in loads]}]
+        meta["walls"] = [
+            *meta.get("walls", []),
+            {
+                "command": cmd,
+                "minutes": round((time.monotonic() - started) / 60, 1),
+                "jobs": args.jobs,
+                "finished": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+                "load_1min": [round(x, 1) for x in loads],
+            },
+        ]
         meta["machine"] = machine()
     meta["budget"] = "; ".join(
         f"{t}: {b['num_envs']} envs × {b['num_steps']} steps × {b['num_updates']} updates = "
         f"{b['num_envs'] * b['num_steps'] * b['num_updates']} env steps per run"
-        for t, b in budget.items())
+        for t, b in budget.items()
+    )
     meta.setdefault("commands", [])
     meta.setdefault("machine", machine())
     write_report(rows, tasks, arms, out, args.results, meta)

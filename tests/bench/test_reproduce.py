@@ -9,8 +9,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = ["group", "task", "variant", "arm", "seed", "update", "env_steps", "created_at",
-        "eval/success_rate", "success_rate", "probe_top_thought_share", "probe_relevance"]
+KEYS = [
+    "group",
+    "task",
+    "variant",
+    "arm",
+    "seed",
+    "update",
+    "env_steps",
+    "created_at",
+    "eval/success_rate",
+    "success_rate",
+    "probe_top_thought_share",
+    "probe_relevance",
+]
 
 
 def _write(path: Path, tasks: dict[str, tuple[dict[str, list[float]], dict[str, float]]]) -> None:
@@ -23,31 +35,57 @@ def _write(path: Path, tasks: dict[str, tuple[dict[str, list[float]], dict[str, 
             for arm, values in finals.items():
                 for seed, final in enumerate(values):
                     for update, sr in ((0, 0.1), (1, final)):
-                        w.writerow({"group": task, "task": task, "variant": "", "arm": arm,
-                                    "seed": seed, "update": update,
-                                    "env_steps": 128 * (update + 1), "created_at": "",
-                                    "eval/success_rate": sr, "success_rate": sr / 2,
-                                    "probe_top_thought_share": share[arm],
-                                    "probe_relevance": 1 - share[arm]})
+                        w.writerow(
+                            {
+                                "group": task,
+                                "task": task,
+                                "variant": "",
+                                "arm": arm,
+                                "seed": seed,
+                                "update": update,
+                                "env_steps": 128 * (update + 1),
+                                "created_at": "",
+                                "eval/success_rate": sr,
+                                "success_rate": sr / 2,
+                                "probe_top_thought_share": share[arm],
+                                "probe_relevance": 1 - share[arm],
+                            }
+                        )
 
 
 def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_path: Path) -> None:
     results = tmp_path / "results"
     results.mkdir()
-    _write(results / "updates.csv", {
-        "ezpoints": ({"gtr": [0.9, 0.8, 0.7], "sft_only": [0.5, 0.6, 0.4],
-                      "rl4vlm": [0.2, 0.1, 0.3]},
-                     {"gtr": 0.2, "sft_only": 0.2, "rl4vlm": 0.9}),
-        "points24": ({"gtr": [0.2, 0.3], "sft_only": [0.5, 0.6], "rl4vlm": [0.4, 0.4]},
-                     {"gtr": 0.8, "sft_only": 0.2, "rl4vlm": 0.8}),
-    })
+    _write(
+        results / "updates.csv",
+        {
+            "ezpoints": (
+                {"gtr": [0.9, 0.8, 0.7], "sft_only": [0.5, 0.6, 0.4], "rl4vlm": [0.2, 0.1, 0.3]},
+                {"gtr": 0.2, "sft_only": 0.2, "rl4vlm": 0.9},
+            ),
+            "points24": (
+                {"gtr": [0.2, 0.3], "sft_only": [0.5, 0.6], "rl4vlm": [0.4, 0.4]},
+                {"gtr": 0.8, "sft_only": 0.2, "rl4vlm": 0.8},
+            ),
+        },
+    )
     (tmp_path / "results.md").write_text(
         "# Results\n\nhand-written text stays\n\n<!-- BEGIN GENERATED (bench/reproduce.py) -->\n"
-        "<!-- END GENERATED -->\n\ntail stays\n")
+        "<!-- END GENERATED -->\n\ntail stays\n"
+    )
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--report-only", "--results",
-         str(results), "--out", str(tmp_path / "no-runs-here")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "reproduce.py"),
+            "--report-only",
+            "--results",
+            str(results),
+            "--out",
+            str(tmp_path / "no-runs-here"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert (results / "ezpoints.png").stat().st_size > 0
