@@ -113,4 +113,3 @@ def load_checkpoint(trainer: Any, path: Path) -> None:
     if state_file.exists():
         state = torch.load(state_file, weights_only=True)
         restore_trainer_state(trainer, state)
-

@@ -10,10 +10,20 @@ import click
 
 @click.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for the warm-started policy checkpoint")
-@click.option("--eval-episodes", default=30, show_default=True, type=click.IntRange(0, 10_000),
-              help="Greedy episodes played after the warm start (0 = skip)")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the warm-started policy checkpoint",
+)
+@click.option(
+    "--eval-episodes",
+    default=30,
+    show_default=True,
+    type=click.IntRange(0, 10_000),
+    help="Greedy episodes played after the warm start (0 = skip)",
+)
 def sft(config: Path, out: Path, eval_episodes: int) -> None:
     """Warm-start the policy of CONFIG (vision warm-up + oracle SFT) into OUT."""
     from pydantic import ValidationError

@@ -48,8 +48,17 @@ def launch(run_id: int, update_idx: int, config_file: str) -> dict[str, Any]:
         row = session.scalar(query)
         if row is not None and row.metrics.get(TRAINED_KEY):
             return {"skipped": True}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file,
-           "-m", "services.trainer.distributed", str(run_id), str(update_idx)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        config_file,
+        "-m",
+        "services.trainer.distributed",
+        str(run_id),
+        str(update_idx),
+    ]
     subprocess.run(cmd, check=True)
     with session_scope() as session:
         row = session.scalar(query)

@@ -103,8 +103,14 @@ def encode_slots(samples: Sequence[OracleSample], task: str) -> tuple[torch.Tens
 
 
 def vision_warmup(
-    policy: Any, samples: Sequence[OracleSample], task: str, steps: int, seed: int,
-    batch_size: int = 32, lr: float = 1e-3, target_loss: float = 0.05,
+    policy: Any,
+    samples: Sequence[OracleSample],
+    task: str,
+    steps: int,
+    seed: int,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    target_loss: float = 0.05,
 ) -> dict[str, float]:
     """Train vision tower + projector with aux heads until the loss is ≈0 or `steps` ran out."""
     if steps <= 0:
@@ -135,8 +141,14 @@ def vision_warmup(
 
 
 def sft_warmup(
-    policy: Any, samples: Sequence[OracleSample], steps: int, batch_size: int, lr: float,
-    seed: int, warmup_steps: int = 20, max_grad_norm: float = 1.0,
+    policy: Any,
+    samples: Sequence[OracleSample],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    warmup_steps: int = 20,
+    max_grad_norm: float = 1.0,
 ) -> dict[str, float]:
     """Supervised fine-tuning on the expert outputs, every output token (and EOS) supervised."""
     if steps <= 0:
@@ -152,8 +164,10 @@ def sft_warmup(
     for step in range(steps):
         idx = rng.choice(len(samples), size=min(batch_size, len(samples)), replace=False)
         out = policy.score(
-            [samples[i].image for i in idx], [samples[i].prompt for i in idx],
-            [ids[i] for i in idx], with_grad=True,
+            [samples[i].image for i in idx],
+            [samples[i].prompt for i in idx],
+            [ids[i] for i in idx],
+            with_grad=True,
         )
         loss = algos.thought_sft_loss(out.logprobs, out.mask)
         opt.zero_grad(set_to_none=True)
@@ -166,7 +180,11 @@ def sft_warmup(
 
 
 def greedy_eval(
-    policy: Any, task: str, env_cfg: EnvConfig, episodes: int, seed: int,
+    policy: Any,
+    task: str,
+    env_cfg: EnvConfig,
+    episodes: int,
+    seed: int,
     max_new_tokens: int = 64,
 ) -> dict[str, float]:
     """Greedy play of `episodes` episodes in parallel: success rate, reading and JSON validity."""
@@ -180,7 +198,9 @@ def greedy_eval(
     while active:
         u = [envs[i].unwrapped for i in active]
         gens = policy.generate(
-            [obs[i] for i in active], [x.prompt() for x in u], greedy=True,
+            [obs[i] for i in active],
+            [x.prompt() for x in u],
+            greedy=True,
             max_new_tokens=max_new_tokens,
         )
         still = []
@@ -201,7 +221,11 @@ def greedy_eval(
 
 
 def warm_start(
-    policy: Any, task: str, env_cfg: EnvConfig, init: InitConfig, seed: int,
+    policy: Any,
+    task: str,
+    env_cfg: EnvConfig,
+    init: InitConfig,
+    seed: int,
     eval_episodes: int = 0,
 ) -> dict[str, float]:
     """Vision warm-up, then SFT on oracle outputs; returns the stage metrics."""

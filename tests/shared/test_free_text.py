@@ -18,17 +18,36 @@ def test_nul_in_generated_text_is_stored_as_the_replacement_character(db: Sessio
     db.add(episode)
     db.flush()
     step = Step(
-        run_id=run.id, episode_id=episode.id, idx=0, update_idx=0, rollout_pos=0,
-        prompt="p\x00", output=NUL_TEXT, thought="t\x00", action_text="+\x00",
-        format_valid=False, action_valid=False, reward=0.0, done=False, value=0.0, logprob=0.0,
+        run_id=run.id,
+        episode_id=episode.id,
+        idx=0,
+        update_idx=0,
+        rollout_pos=0,
+        prompt="p\x00",
+        output=NUL_TEXT,
+        thought="t\x00",
+        action_text="+\x00",
+        format_valid=False,
+        action_valid=False,
+        reward=0.0,
+        done=False,
+        value=0.0,
+        logprob=0.0,
         state={},
     )
     db.add(step)
     db.flush()
     db.add(
         Correction(
-            run_id=run.id, step_id=step.id, update_idx=0, corrector="oracle", status="failed",
-            corrected_thought="c\x00", reasoning="r\x00", raw="\x00", error="e\x00",
+            run_id=run.id,
+            step_id=step.id,
+            update_idx=0,
+            corrector="oracle",
+            status="failed",
+            corrected_thought="c\x00",
+            reasoning="r\x00",
+            raw="\x00",
+            error="e\x00",
         )
     )
     db.execute(update(Run).where(Run.id == run.id).values(error=f"failed on {NUL_TEXT}"))

@@ -48,8 +48,15 @@ def put_image(color: tuple[int, int, int], seed: int = 0) -> str:
     return blob_store().put(buf.getvalue())
 
 
-def rollout_of(policy, shas: list[str], prompts: list[str], texts: list[str],
-               rewards: list[float], num_envs: int, temperature: float = 1.0) -> Rollout:
+def rollout_of(
+    policy,
+    shas: list[str],
+    prompts: list[str],
+    texts: list[str],
+    rewards: list[float],
+    num_envs: int,
+    temperature: float = 1.0,
+) -> Rollout:
     """A rollout whose responses are given texts, scored by the policy as the controller would."""
     from services.trainer.service import blob_image_loader
 
@@ -62,13 +69,21 @@ def rollout_of(policy, shas: list[str], prompts: list[str], texts: list[str],
     mask = lambda k: Rollout.pad_responses([s[k] for s in spans], 0, bool)[0]  # noqa: E731
     n = len(texts)
     return Rollout(
-        num_envs=num_envs, num_steps=n // num_envs, step_ids=np.arange(n, dtype=np.int64),
-        prompts=np.array(prompts), image_shas=np.array(shas),
-        response_ids=padded, response_lengths=lengths,
+        num_envs=num_envs,
+        num_steps=n // num_envs,
+        step_ids=np.arange(n, dtype=np.int64),
+        prompts=np.array(prompts),
+        image_shas=np.array(shas),
+        response_ids=padded,
+        response_lengths=lengths,
         old_logprobs=out.logprobs.detach().numpy()[:, : shape[1]].astype(np.float32),
-        thought_mask=mask(0), action_mask=mask(1),
+        thought_mask=mask(0),
+        action_mask=mask(1),
         values=out.values.detach().numpy().astype(np.float32),
-        rewards=np.array(rewards, np.float32), dones=np.ones(n, bool),
-        format_valid=np.ones(n, bool), actions=np.array(["+"] * n),
-        last_values=np.zeros(num_envs, np.float32), pad_id=policy.pad_id,
+        rewards=np.array(rewards, np.float32),
+        dones=np.ones(n, bool),
+        format_valid=np.ones(n, bool),
+        actions=np.array(["+"] * n),
+        last_values=np.zeros(num_envs, np.float32),
+        pad_id=policy.pad_id,
     )

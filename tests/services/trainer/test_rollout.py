@@ -16,16 +16,22 @@ def make_rollout(num_envs: int = 2, num_steps: int = 3, seed: int = 0) -> Rollou
     valid = np.arange(ids.shape[1])[None, :] < lengths[:, None]
     thought = valid & (np.arange(ids.shape[1])[None, :] < 1)
     return Rollout(
-        num_envs=num_envs, num_steps=num_steps,
+        num_envs=num_envs,
+        num_steps=num_steps,
         step_ids=np.arange(100, 100 + n, dtype=np.int64),
         prompts=np.array([f"prompt {i} ünïcode" for i in range(n)]),
         image_shas=np.array(["ab" * 32] * (n - 1) + [""]),
-        response_ids=ids, response_lengths=lengths,
+        response_ids=ids,
+        response_lengths=lengths,
         old_logprobs=(-rng.random(ids.shape) * valid).astype(np.float32),
-        thought_mask=thought, action_mask=valid & ~thought,
-        values=rng.random(n).astype(np.float32), rewards=rng.random(n).astype(np.float32),
-        dones=rng.random(n) < 0.3, format_valid=rng.random(n) < 0.7,
-        actions=np.array(["+", "-"] * (n // 2)), last_values=np.zeros(num_envs, np.float32),
+        thought_mask=thought,
+        action_mask=valid & ~thought,
+        values=rng.random(n).astype(np.float32),
+        rewards=rng.random(n).astype(np.float32),
+        dones=rng.random(n) < 0.3,
+        format_valid=rng.random(n) < 0.7,
+        actions=np.array(["+", "-"] * (n // 2)),
+        last_values=np.zeros(num_envs, np.float32),
     )
 
 
@@ -33,8 +39,19 @@ def test_round_trip_keeps_every_field() -> None:
     r = make_rollout()
     back = Rollout.from_bytes(r.to_bytes())
     assert (back.num_envs, back.num_steps, back.size) == (2, 3, 6)
-    for name in ("step_ids", "response_ids", "response_lengths", "old_logprobs", "thought_mask",
-                 "action_mask", "values", "rewards", "dones", "format_valid", "last_values"):
+    for name in (
+        "step_ids",
+        "response_ids",
+        "response_lengths",
+        "old_logprobs",
+        "thought_mask",
+        "action_mask",
+        "values",
+        "rewards",
+        "dones",
+        "format_valid",
+        "last_values",
+    ):
         np.testing.assert_array_equal(getattr(back, name), getattr(r, name), err_msg=name)
     assert list(back.prompts) == list(r.prompts)
     assert back.image_shas[-1] == "" and back.actions[1] == "-"

@@ -18,17 +18,30 @@ from tests.conftest import celery_worker
 from tests.services.trainer.conftest import put_image, rollout_of
 from tests.services.trainer.dbutil import make_run, make_update
 
-TEXTS = ['{"current number": 1, "target number": 4, "thoughts": "1 < 4", "action": "+"}',
-         '{"current number": 4, "target number": 1, "thoughts": "4 > 1", "action": "-"}']
+TEXTS = [
+    '{"current number": 1, "target number": 4, "thoughts": "1 < 4", "action": "+"}',
+    '{"current number": 4, "target number": 1, "thoughts": "4 > 1", "action": "-"}',
+]
 
 
 def run_config(tiny_dir, **train) -> RunConfig:  # type: ignore[no-untyped-def]
-    return RunConfig.model_validate({
-        "task": "numberline", "algorithm": "rl4vlm", "init": {"kind": "none"},
-        "model": {"path": str(tiny_dir), "finetune": "full"},
-        "train": {"num_envs": 2, "num_steps": 1, "num_updates": 3, "minibatch_size": 2,
-                  "ppo_epochs": 1, "lr": 1e-3, **train},
-    })
+    return RunConfig.model_validate(
+        {
+            "task": "numberline",
+            "algorithm": "rl4vlm",
+            "init": {"kind": "none"},
+            "model": {"path": str(tiny_dir), "finetune": "full"},
+            "train": {
+                "num_envs": 2,
+                "num_steps": 1,
+                "num_updates": 3,
+                "minibatch_size": 2,
+                "ppo_epochs": 1,
+                "lr": 1e-3,
+                **train,
+            },
+        }
+    )
 
 
 def store_rollout(policy: Policy, rewards: list[float]) -> str:

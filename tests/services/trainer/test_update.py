@@ -36,9 +36,17 @@ def sft_examples(shas: list[str]) -> list[SftExample]:
 
 
 def cfg(**kw) -> TrainConfig:
-    base = {"num_envs": 2, "num_steps": 1, "num_updates": 50, "ppo_epochs": 1,
-            "minibatch_size": 2, "lr": 3e-3, "lr_schedule": "constant", "max_grad_norm": 1.0,
-            "thought_coef": 0.5}
+    base = {
+        "num_envs": 2,
+        "num_steps": 1,
+        "num_updates": 50,
+        "ppo_epochs": 1,
+        "minibatch_size": 2,
+        "lr": 3e-3,
+        "lr_schedule": "constant",
+        "max_grad_norm": 1.0,
+        "thought_coef": 0.5,
+    }
     return TrainConfig(**{**base, **kw})
 
 
@@ -86,8 +94,15 @@ def test_ppo_step_follows_the_sign_of_the_advantage(tiny_dir: Path) -> None:
     rollout = rollout_of(policy, shas, ["go", "go"], texts, [1.0, -1.0], num_envs=2)
     trainer = Trainer(policy, cfg(lr=1e-3), "rl4vlm", seed=0)
     metrics = trainer.update(rollout)
-    for key in ("losses/policy", "losses/value", "approx_kl", "clipfrac", "lr", "grad_norm",
-                "explained_variance"):
+    for key in (
+        "losses/policy",
+        "losses/value",
+        "approx_kl",
+        "clipfrac",
+        "lr",
+        "grad_norm",
+        "explained_variance",
+    ):
         assert np.isfinite(metrics[key]), key
     after = rollout_of(policy, shas, ["go", "go"], texts, [0.0, 0.0], num_envs=2)
     seq = lambda r: (r.old_logprobs * (r.thought_mask * 0.5 + r.action_mask)).sum(1)  # noqa: E731
@@ -105,8 +120,9 @@ def _weights(policy: Policy) -> dict[str, torch.Tensor]:
 def test_resume_equals_uninterrupted_training(tiny_dir: Path, tmp_path: Path) -> None:
     shas = [put_image((10, 200, 10)), put_image((200, 200, 10))]
     texts = [output(TARGETS[0], "+"), output(TARGETS[1], "-")]
-    conf = cfg(lr=1e-3, lr_schedule="cosine", num_updates=4, ppo_epochs=2, minibatch_size=1,
-               grad_accum=2)
+    conf = cfg(
+        lr=1e-3, lr_schedule="cosine", num_updates=4, ppo_epochs=2, minibatch_size=1, grad_accum=2
+    )
 
     def fresh() -> tuple[Trainer, DaggerBuffer]:
         buffer = DaggerBuffer(run_id=0)

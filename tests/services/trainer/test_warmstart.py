@@ -54,8 +54,12 @@ sft_steps = 80
 """)
     out = tmp_path / "warm"
     gtr = Path(sys.executable).parent / "gtr"
-    done = subprocess.run([str(gtr), "sft", str(config), "--out", str(out), "--eval-episodes", "6"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(gtr), "sft", str(config), "--out", str(out), "--eval-episodes", "6"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["vision/loss"] < 0.05 and summary["eval/json"] >= 0.8  # random model: 0
@@ -64,6 +68,10 @@ sft_steps = 80
     assert meta["finetune"] == "lora" and Path(meta["base_model"]) == out / "base"
     policy = Policy.load(out / "base", finetune="lora")
     policy.load_weights(out)
-    bad = subprocess.run([str(gtr), "sft", str(config), "--out", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [str(gtr), "sft", str(config), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode != 0 and "not empty" in bad.stderr
