@@ -6,6 +6,7 @@ A part that exits is restarted with a growing delay; one that keeps exiting stop
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -168,6 +169,9 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
         **os.environ,
         "GTR_ENV_SERVICE_URL": urls["env"],
         "GTR_POLICY_SERVICE_URL": urls["policy"],
+        # The env and policy services answer only the parts of this stack: a fresh token per
+        # `gtr up` unless the operator set one.
+        "GTR_SERVICE_TOKEN": settings.service_token_value or secrets.token_urlsafe(32),
     }
     gtr = [sys.executable, "-m", "services.cli"]
     commands = {
