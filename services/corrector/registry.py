@@ -151,10 +151,12 @@ def update_corrector(
         raw = patch.api_key.get_secret_value() if patch.api_key is not None else ""
         row.api_key_encrypted = encrypt_key(raw, settings) if raw else None
     _check_row(row, settings)
+    corrector_id = row.id
     try:
         session.flush()
     except StaleDataError as e:  # deleted by a concurrent request since we read it
-        raise CorrectorNotFound(f"corrector {row.id} not found") from e
+        session.rollback()
+        raise CorrectorNotFound(f"corrector {corrector_id} not found") from e
     return row
 
 
