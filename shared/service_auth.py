@@ -102,7 +102,8 @@ def secure_service(app: FastAPI, token: str | None, errors: dict[int, str]) -> F
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(ServiceToken, token=token)  # outermost: no body is read without it
     install_error_handlers(app)
-    document_errors(app, {401: "Missing or wrong service token", **errors}, open_paths=OPEN_PATHS)
+    common = {400: "Malformed request body", 401: "Missing or wrong service token"}
+    document_errors(app, {**common, **errors}, open_paths=OPEN_PATHS)
     return app
 
 

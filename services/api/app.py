@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 # Every status an /api operation may answer besides its own (documented in the OpenAPI file).
 API_ERRORS = {
+    400: "Malformed request (e.g. a blob id that is not a sha256)",
     401: "Missing, invalid or revoked API token",
     403: "The token's scope does not allow this, or a cross-origin cookie request",
     404: "Not found (or not visible to the token's team)",
