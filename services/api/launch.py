@@ -3,6 +3,9 @@ its base model and its starting checkpoint. Each refusal is a 422 naming the fie
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -37,7 +40,7 @@ def check_launch(
                 f"no corrector named '{name}' is available to team '{team}' "
                 "(register one for the team, or ask an admin to mark it shared)",
             )
-    updates = {}
+    updates: dict[str, Any] = {}
     if config.model.path:
         roots = [settings.models_path, *settings.model_roots]
         path = confined(config.model.path, roots, "config.json")
@@ -50,7 +53,7 @@ def check_launch(
     return config.model_copy(update=updates) if updates else config
 
 
-def _checkpoint(session: Session, text: str, team: str, settings: Settings):  # type: ignore[no-untyped-def]
+def _checkpoint(session: Session, text: str, team: str, settings: Settings) -> Path:
     """A checkpoint by its id in the store (``run-3/update-2``) or a path under an allowed root;
     one in the store must belong to a run of the same team."""
     store = settings.checkpoints_path
