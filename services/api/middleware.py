@@ -135,9 +135,7 @@ class RateLimit(BaseHTTPMiddleware):
 
     def _refuse(self, window: deque, now: float, what: str) -> Response:
         retry = max(1, int(61 - (now - window[0])))
-        return JSONResponse(
-            {"detail": what}, status_code=429, headers={"Retry-After": str(retry)}
-        )
+        return JSONResponse({"detail": what}, status_code=429, headers={"Retry-After": str(retry)})
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         path = request.url.path
