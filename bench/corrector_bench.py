@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import threading
@@ -20,9 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from services.corrector.oracle import OracleCorrector
-from services.corrector.remote import OpenAICorrector
-from shared.schemas import CorrectionRequest
+# The fake endpoint listens on 127.0.0.1: allowed explicitly (off by default, docs/security.md).
+os.environ.setdefault("GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS", "true")
+
+from services.corrector.oracle import OracleCorrector  # noqa: E402
+from services.corrector.remote import OpenAICorrector  # noqa: E402
+from shared.schemas import CorrectionRequest  # noqa: E402
 
 ANSWER = json.dumps({"answer1": "2 and 4", "answer2": "+", "evaluation": "YES", "correction": None})
 COMPLETION = json.dumps(

@@ -114,6 +114,7 @@ def embedded(tmp: Path, name: str, cfg: str, corrector_url: str | None = None) -
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env["GTR_DATA_DIR"] = str(data)
     env["GTR_TORCH_THREADS"] = TORCH_THREADS
+    env["GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS"] = "true"  # the fake corrector is on 127.0.0.1
     url = f"sqlite:///{(data / 'gtr.sqlite3').resolve()}"
     if corrector_url:
         from shared.db.migrate import upgrade
@@ -165,6 +166,7 @@ def full_stack(tmp: Path, cfg: str) -> float:
         "GTR_DATA_DIR": str(tmp / "stack"),
         "GTR_ENV_SERVICE_URL": f"http://127.0.0.1:{ports[1]}",
         "GTR_POLICY_SERVICE_URL": f"http://127.0.0.1:{ports[2]}",
+        "GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS": "true",  # the fake corrector is on 127.0.0.1
     }
     os.environ.update({"GTR_DATABASE_URL": db})
     from shared.db.migrate import upgrade

@@ -10,7 +10,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.payload import check_free_form, check_storable
 
 Task = Literal["numberline", "ezpoints", "points24", "blackjack", "alfworld"]
 Algorithm = Literal["gtr", "rl4vlm", "sft_only"]
@@ -34,8 +36,14 @@ class EnvConfig(_Strict):
         False, description="Points24/EZPoints: stop once the formula can no longer reach the target"
     )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Task-specific options (e.g. ALFWorld games folder)"
+        default_factory=dict,
+        description="Task-specific options (e.g. ALFWorld games folder); at most 64 KiB of JSON",
     )
+
+    @field_validator("options")
+    @classmethod
+    def _storable_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_free_form(value, "env.options")
 
 
 class ModelConfig(_Strict):
@@ -220,6 +228,13 @@ class RunConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     corrector: CorrectorConfig = Field(default_factory=CorrectorConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        # Before any field: a value PostgreSQL cannot keep must never reach the runs table.
+        check_storable(data, "config")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

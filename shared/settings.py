@@ -13,6 +13,8 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_SECRET = "dev-insecure-secret-change-me"
+DEV_SERVICE_TOKEN = "dev-insecure-service-token-change-me"
+MIN_SECRET_CHARS = 32  # production: GTR_SECRET_KEY and GTR_SERVICE_TOKEN at least this long
 
 
 class Settings(BaseSettings):
@@ -49,6 +51,37 @@ class Settings(BaseSettings):
     corrector_url_allowlist: list[str] = Field(
         default_factory=list, description="If set, corrector base URLs must use one of these hosts"
     )
+    corrector_allow_private_networks: bool = Field(
+        False,
+        description="Let corrector calls reach loopback, private, link-local and metadata "
+        "addresses (a corrector on the same host or LAN); off = public addresses only",
+    )
+    service_token: SecretStr | None = Field(
+        None,
+        description="Bearer token the env, policy and corrector services require and their "
+        "clients send; unset = open (development only)",
+    )
+    model_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders besides model_dir under which a run's model.path may lie",
+    )
+    checkpoint_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders besides checkpoint_dir under which init.checkpoint may lie",
+    )
+    env_max_sessions: int = Field(256, ge=1, description="Env service: most sessions at once")
+    env_max_image_size: int = Field(
+        512, ge=32, le=1024, description="Env service: largest image_size a session may ask for"
+    )
+    env_session_ttl_s: float = Field(
+        900.0, gt=0, description="Env service: idle seconds before a session is dropped"
+    )
+    auth_failures_per_minute: int = Field(
+        20,
+        ge=0,
+        description="Failed logins / wrong tokens per client address and minute before 429 "
+        "(0 = off)",
+    )
     api_rate_limit_per_minute: int = Field(
         600, description="Requests per minute per token on the REST API (0 = off)"
     )
@@ -65,11 +98,34 @@ class Settings(BaseSettings):
         description="A trainer task neither queued nor beating for this long is sent again",
     )
 
+    @property
+    def is_production(self) -> bool:
+        """Any spelling of production ('Production', ' PROD ') counts: a typo must not relax."""
+        return self.environment.strip().lower() in ("production", "prod")
+
     @model_validator(mode="after")
     def _refuse_default_secret_in_production(self) -> Settings:
-        if self.environment == "production" and self.secret_key.get_secret_value() == DEV_SECRET:
-            raise ValueError("GTR_SECRET_KEY must be set when GTR_ENVIRONMENT=production")
+        if not self.is_production:
+            return self
+        secret = self.secret_key.get_secret_value()
+        if secret == DEV_SECRET or len(secret.strip()) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"GTR_SECRET_KEY must be set (at least {MIN_SECRET_CHARS} characters, e.g. "
+                "openssl rand -hex 32) when GTR_ENVIRONMENT=production"
+            )
+        token = self.service_token.get_secret_value() if self.service_token else ""
+        if token == DEV_SERVICE_TOKEN or len(token.strip()) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"GTR_SERVICE_TOKEN must be set (at least {MIN_SECRET_CHARS} characters, e.g. "
+                "openssl rand -hex 32) when GTR_ENVIRONMENT=production"
+            )
         return self
+
+    @property
+    def service_token_value(self) -> str | None:
+        """The service token in clear (for the Authorization header), or None when unset."""
+        value = self.service_token.get_secret_value() if self.service_token else ""
+        return value or None
 
     @property
     def db_url(self) -> str:

@@ -7,6 +7,7 @@ missing, tests skip with the reason, and fail where GTR_REQUIRE_SERVICES=1 (CI).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -61,6 +62,14 @@ def pytest_configure(config: pytest.Config) -> None:
     data_dir = tempfile.mkdtemp(prefix="gtr-test-data-")
     os.environ["GTR_DATA_DIR"] = data_dir
     os.environ.setdefault("GTR_API_RATE_LIMIT_PER_MINUTE", "0")
+    os.environ.setdefault("GTR_AUTH_FAILURES_PER_MINUTE", "0")
+    # Explicit allowances the tests need (each refusal is proven in tests/faults/test_security.py
+    # and test_hardening.py with its own settings): fake corrector servers on 127.0.0.1, and
+    # models and checkpoints the fixtures build under the temporary folder.
+    os.environ.setdefault("GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS", "true")
+    tmp_root = json.dumps([str(Path(tempfile.gettempdir()).resolve())])
+    os.environ.setdefault("GTR_CHECKPOINT_ROOTS", tmp_root)
+    os.environ.setdefault("GTR_MODEL_ROOTS", tmp_root)
     # One torch thread per process: tests run several processes on 2 cores (workers, servers).
     os.environ.setdefault("GTR_TORCH_THREADS", "1")
     _state["data_dir"] = data_dir

@@ -8,10 +8,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
+from sqlalchemy.orm.exc import StaleDataError
 
+from services.api.launch import InvalidField
 from services.api.middleware import BodyLimit, RateLimit, SecurityHeaders
 from services.api.routes import routers
 from services.api.service import Conflict, NotFound
+from shared.service_auth import document_errors, validation_detail
 from shared.settings import Settings, get_settings
 from shared.storage import BlobNotFound, InvalidBlobId
 
@@ -29,11 +32,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for router in routers():
         app.include_router(router)
-    app.add_middleware(RateLimit, per_minute=settings.api_rate_limit_per_minute)
+    app.add_middleware(
+        RateLimit,
+        per_minute=settings.api_rate_limit_per_minute,
+        failures_per_minute=settings.auth_failures_per_minute,
+    )
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
+    document_errors(app, API_ERRORS, open_paths=OPEN_API_PATHS)
     return app
+
+
+# Every status an /api operation may answer besides its own (documented in the OpenAPI file).
+API_ERRORS = {
+    400: "Malformed request (e.g. a blob id that is not a sha256)",
+    401: "Missing, invalid or revoked API token",
+    403: "The token's scope does not allow this, or a cross-origin cookie request",
+    404: "Not found (or not visible to the token's team)",
+    409: "Conflicts with the current state",
+    413: "Request body too large",
+    422: "Validation error",
+    429: "Rate limit, or too many failed authentications from this address",
+}
+OPEN_API_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -54,11 +76,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # Name each field and the reason; never echo the (possibly huge) input back.
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": errors}, status_code=422)
+        return JSONResponse({"detail": validation_detail(exc)}, status_code=422)
+
+    @app.exception_handler(InvalidField)
+    async def not_allowed(_: Request, exc: InvalidField) -> JSONResponse:
+        detail = [{"loc": ["body", *exc.loc], "msg": exc.msg, "type": "value_error"}]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(StaleDataError)
+    async def raced(_: Request, exc: StaleDataError) -> JSONResponse:
+        # Another request changed or removed the row between our read and our write.
+        return JSONResponse(
+            {"detail": "changed or removed by another request meanwhile; reload and retry"},
+            status_code=409,
+        )
 
     @app.exception_handler(DataError)
     async def out_of_range(_: Request, exc: DataError) -> JSONResponse:

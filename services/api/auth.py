@@ -66,7 +66,26 @@ def raw_token(request: Request) -> str | None:
     return request.cookies.get(COOKIE_NAME)
 
 
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def check_cookie_origin(request: Request) -> None:
+    """A write authenticated by the cookie alone must come from our own pages: a foreign
+    Origin (or a browser saying cross-site) is refused. Bearer-token clients send no cookie."""
+    if request.method in SAFE_METHODS or request.headers.get("authorization"):
+        return
+    if not request.cookies.get(COOKIE_NAME):
+        return
+    origin = request.headers.get("origin")
+    foreign = origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/")
+    if foreign or request.headers.get("sec-fetch-site") == "cross-site":
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "cross-origin request with the login cookie rejected"
+        )
+
+
 def current_token(request: Request, db: Session = Depends(get_db, scope="function")) -> ApiToken:
+    check_cookie_origin(request)
     raw = raw_token(request)
     if not raw:
         raise HTTPException(

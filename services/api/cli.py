@@ -13,9 +13,9 @@ def serve(host: str, port: int, workers: int) -> None:
     """Serve the REST API and the web UI (migrates an embedded SQLite database first)."""
     import uvicorn
 
-    from shared.settings import get_settings
+    from shared.service_auth import serve_settings
 
-    if get_settings().database_url is None:
+    if serve_settings().database_url is None:
         from shared.db.migrate import ensure_schema
 
         ensure_schema()

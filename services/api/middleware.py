@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -100,34 +100,69 @@ class BodyLimit:
 
 
 class RateLimit(BaseHTTPMiddleware):
-    """A sliding one-minute window per API token (or client address without one)."""
+    """Sliding one-minute windows: requests per API token (or client address without one) on
+    /api, and failed authentications (401s, failed logins) per client address on /api and
+    `POST /login`. Wrong tokens are counted against the address, so changing the token does not
+    escape the limit. Both tables keep at most `max_keys` keys (least recently seen dropped)."""
 
-    def __init__(self, app, per_minute: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(  # type: ignore[no-untyped-def]
+        self, app, per_minute: int, failures_per_minute: int = 0, max_keys: int = 10_000
+    ) -> None:
         super().__init__(app)
         self.per_minute = per_minute
-        self.hits: dict[str, deque[float]] = {}
+        self.failures_per_minute = failures_per_minute
+        self.max_keys = max_keys
+        self.hits: OrderedDict[str, deque[float]] = OrderedDict()
+        self.failures: OrderedDict[str, deque[float]] = OrderedDict()
         self.lock = threading.Lock()
 
     def _key(self, request: Request) -> str:
         auth = request.headers.get("authorization") or request.cookies.get("gtr_token") or ""
         if auth:
-            return hashlib.sha256(auth.encode()).hexdigest()
-        return request.client.host if request.client else "?"
+            return hashlib.sha256(auth.encode("utf-8", "replace")).hexdigest()
+        return _address(request)
+
+    def _window(self, table: OrderedDict[str, deque[float]], key: str, now: float) -> deque:
+        window = table.get(key)
+        if window is None:
+            window = table[key] = deque()
+            while len(table) > self.max_keys:
+                table.popitem(last=False)
+        table.move_to_end(key)
+        while window and now - window[0] > 60:
+            window.popleft()
+        return window
+
+    def _refuse(self, window: deque, now: float, what: str) -> Response:
+        retry = max(1, int(61 - (now - window[0])))
+        return JSONResponse({"detail": what}, status_code=429, headers={"Retry-After": str(retry)})
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if self.per_minute <= 0 or not request.url.path.startswith("/api"):
+        path = request.url.path
+        login = path == "/login" and request.method == "POST"
+        if not (path.startswith("/api") or login):
             return await call_next(request)
-        now = time.monotonic()
+        now, address = time.monotonic(), _address(request)
         with self.lock:
-            window = self.hits.setdefault(self._key(request), deque())
-            while window and now - window[0] > 60:
-                window.popleft()
-            if len(window) >= self.per_minute:
-                retry = int(61 - (now - window[0]))
-                return JSONResponse(
-                    {"detail": f"rate limit of {self.per_minute} requests per minute exceeded"},
-                    status_code=429,
-                    headers={"Retry-After": str(retry)},
-                )
-            window.append(now)
-        return await call_next(request)
+            if self.failures_per_minute > 0:
+                failed = self._window(self.failures, address, now)
+                if len(failed) >= self.failures_per_minute:
+                    return self._refuse(
+                        failed, now, "too many failed authentications from this address"
+                    )
+            if self.per_minute > 0 and not login:
+                window = self._window(self.hits, self._key(request), now)
+                if len(window) >= self.per_minute:
+                    return self._refuse(
+                        window, now, f"rate limit of {self.per_minute} requests per minute exceeded"
+                    )
+                window.append(now)
+        response = await call_next(request)
+        if self.failures_per_minute > 0 and response.status_code == 401:
+            with self.lock:
+                self._window(self.failures, address, time.monotonic()).append(time.monotonic())
+        return response
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "?"

@@ -69,6 +69,10 @@ def get_run(session: Session, token: ApiToken, run_id: int) -> Run:
     return run
 
 
+def _visible(session: Session, token: ApiToken, run_id: int) -> bool:
+    return session.scalar(visible_runs(token).where(Run.id == run_id)) is not None
+
+
 def latest_metrics(session: Session, run_id: int) -> dict[str, Any]:
     row = session.scalar(
         select(Update).where(Update.run_id == run_id).order_by(Update.idx.desc()).limit(1)
@@ -132,9 +136,9 @@ def list_episodes(
 
 def get_episode(session: Session, token: ApiToken, episode_id: int) -> Episode:
     episode = session.get(Episode, episode_id)
-    if episode is None:
+    if episode is None or not _visible(session, token, episode.run_id):
+        # The same answer as a missing one: another team's ids are not confirmed to exist.
         raise NotFound(f"episode {episode_id} not found")
-    get_run(session, token, episode.run_id)  # ownership check
     return episode
 
 
@@ -158,9 +162,8 @@ def get_step(
     session: Session, token: ApiToken, step_id: int
 ) -> tuple[Step, list[Correction], dict[str, int | None]]:
     step = session.get(Step, step_id)
-    if step is None:
+    if step is None or not _visible(session, token, step.run_id):
         raise NotFound(f"step {step_id} not found")
-    get_run(session, token, step.run_id)
     # Neighbours come from indexed lookups only, so the page stays fast with millions of steps.
     prev_step = session.scalar(
         select(Step.id).where(Step.episode_id == step.episode_id, Step.idx == step.idx - 1)

@@ -6,6 +6,7 @@ A part that exits is restarted with a growing delay; one that keeps exiting stop
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 import click
 import httpx
 
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 
 
 def default_model() -> Path:
@@ -150,6 +151,17 @@ class Supervisor:
         stop_all(list(self.procs.values()))
 
 
+def stack_env(urls: dict[str, str], settings: Settings) -> dict[str, str]:
+    """The environment of every part: service URLs, and the service token the env and policy
+    services require (a fresh one per `gtr up` unless the operator set GTR_SERVICE_TOKEN)."""
+    return {
+        **os.environ,
+        "GTR_ENV_SERVICE_URL": urls["env"],
+        "GTR_POLICY_SERVICE_URL": urls["policy"],
+        "GTR_SERVICE_TOKEN": settings.service_token_value or secrets.token_urlsafe(32),
+    }
+
+
 def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None) -> None:
     settings = get_settings()
     if not settings.database_url or not settings.redis_url:
@@ -164,11 +176,7 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
     logs = settings.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     urls = {"env": f"http://127.0.0.1:{port + 1}", "policy": f"http://127.0.0.1:{port + 2}"}
-    env = {
-        **os.environ,
-        "GTR_ENV_SERVICE_URL": urls["env"],
-        "GTR_POLICY_SERVICE_URL": urls["policy"],
-    }
+    env = stack_env(urls, settings)
     gtr = [sys.executable, "-m", "services.cli"]
     commands = {
         "api": [*gtr, "serve", "--port", str(port)],

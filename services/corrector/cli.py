@@ -80,11 +80,14 @@ def serve(
     import uvicorn
 
     from services.corrector.app import create_app
+    from shared.service_auth import serve_settings
 
+    settings = serve_settings()  # production refuses default secrets here too
     token = os.environ.get(token_env) if token_env else None
     if token_env and not token:
         raise click.BadParameter(
             f"environment variable {token_env} is not set", param_hint="--token-env"
         )
     impl = _backend(backend, base_url, model, api_key_env, noise, params)
-    uvicorn.run(create_app(impl, backend, token), host=host, port=port, log_level="info")
+    app = create_app(impl, backend, token, settings)
+    uvicorn.run(app, host=host, port=port, log_level="info")

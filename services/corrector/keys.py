@@ -10,6 +10,7 @@ import os
 from cryptography.fernet import Fernet, InvalidToken
 
 from services.corrector.base import CorrectorError
+from services.corrector.schemas import KEY_ENV_PREFIX
 from shared.db import models
 from shared.settings import Settings
 
@@ -34,6 +35,11 @@ def decrypt_key(row: models.Corrector, settings: Settings) -> str | None:
                 f"the API key of '{row.name}' does not decrypt: was GTR_SECRET_KEY changed?",
             ) from e
     if row.api_key_env:
+        if not row.api_key_env.startswith(KEY_ENV_PREFIX):
+            # A row from before the prefix rule: never read an arbitrary variable.
+            raise CorrectorError(
+                "config", f"api_key_env must start with {KEY_ENV_PREFIX} (edit the corrector)"
+            )
         value = os.environ.get(row.api_key_env)
         if not value:
             raise CorrectorError("config", f"environment variable {row.api_key_env} is not set")

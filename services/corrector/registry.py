@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,8 +14,10 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
 from services.corrector.base import CallTrace, CorrectorError
+from services.corrector.egress import public_error
 from services.corrector.keys import encrypt_key
 from services.corrector.remote import RemoteParams
 from services.corrector.schemas import (
@@ -29,6 +32,7 @@ from shared.db import models
 from shared.schemas import CorrectionRequest
 from shared.settings import Settings
 
+log = logging.getLogger("gtr.corrector")
 STATS_WINDOW = 10_000  # latency statistics over the latest corrections only
 
 
@@ -105,6 +109,7 @@ def create_corrector(
         params=body.params,
         api_key_env=body.api_key_env,
         team=team,
+        shared=body.shared,
     )
     if body.api_key is not None and body.api_key.get_secret_value():
         row.api_key_encrypted = encrypt_key(body.api_key.get_secret_value(), settings)
@@ -140,11 +145,18 @@ def update_corrector(
     for field in ("base_url", "model", "params", "api_key_env"):
         if field in changes:
             setattr(row, field, changes[field] if changes[field] != "" else None)
+    if changes.get("shared") is not None:
+        row.shared = bool(changes["shared"])
     if "api_key" in changes:
         raw = patch.api_key.get_secret_value() if patch.api_key is not None else ""
         row.api_key_encrypted = encrypt_key(raw, settings) if raw else None
     _check_row(row, settings)
-    session.flush()
+    corrector_id = row.id
+    try:
+        session.flush()
+    except StaleDataError as e:  # deleted by a concurrent request since we read it
+        session.rollback()
+        raise CorrectorNotFound(f"corrector {corrector_id} not found") from e
     return row
 
 
@@ -159,6 +171,7 @@ def to_out(row: models.Corrector) -> CorrectorOut:
         api_key_set=bool(row.api_key_encrypted),
         api_key_env=row.api_key_env,
         team=row.team,
+        shared=bool(row.shared),
         created_at=row.created_at,
     )
 
@@ -170,7 +183,11 @@ def sample_request(task: str, seed: int) -> CorrectionRequest:
     from services.env import make_env
     from services.env.expert import expert_output, format_output
 
-    env = make_env(task, None, seed)
+    try:
+        env = make_env(task, None, seed)
+    except (ValueError, KeyError, OSError, ImportError) as e:
+        # e.g. ALFWorld without its games on this server: the caller's choice, not a crash.
+        raise InvalidCorrector(f"cannot render a sample {task} state here: {str(e)[:200]}") from e
     try:
         obs, _ = env.reset(seed=seed)
         game: Any = env.unwrapped
@@ -194,12 +211,19 @@ def try_corrector(
     row: models.Corrector, settings: Settings, task: str, seed: int
 ) -> CorrectorTestResult:
     """One sample correction without retries; reports the verdict and latency, or the error."""
+    sample = sample_request(task, seed)
     start = time.perf_counter()
     try:
         corrector = corrector_from_row(row, settings, overrides={"max_retries": 0})
-        result = corrector.correct(sample_request(task, seed), CallTrace())
+        result = corrector.correct(sample, CallTrace())
     except CorrectorError as e:
-        return CorrectorTestResult(ok=False, latency_ms=_ms(start), error=f"{e.kind}: {e.reason}")
+        # A category, never the remote's text: /test must not read other hosts' answers back.
+        return CorrectorTestResult(ok=False, latency_ms=_ms(start), error=public_error(e))
+    except Exception:  # noqa: BLE001 - e.g. a stored key no HTTP header can carry
+        log.exception("sample call of corrector %s failed", row.name)
+        return CorrectorTestResult(
+            ok=False, latency_ms=_ms(start), error="error: the sample call failed (server log)"
+        )
     return CorrectorTestResult(
         ok=True,
         verdict=result.verdict,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.corrector import prompts
 from services.corrector.answers import to_correction
 from services.corrector.base import CallTrace, CorrectorError, parse_agent_output, thought_of
+from services.corrector.egress import check_destination
 from services.corrector.resilience import (
     Budget,
     CircuitBreaker,
@@ -93,6 +94,7 @@ class _Remote(ABC):
 
     def correct(self, req: CorrectionRequest, trace: CallTrace | None = None) -> Correction:
         trace = trace or CallTrace()
+        check_destination(self.base_url)  # every call: the name may resolve elsewhere by now
         start = time.perf_counter()
         self.breaker.before_call()
         try:

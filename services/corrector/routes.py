@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Request
 
 from services.corrector.base import CorrectorError
 from shared.schemas import Correction, CorrectionRequest
+from shared.service_auth import excerpt
 
 router = APIRouter()
 
@@ -41,7 +42,14 @@ def correct(req: CorrectionRequest, request: Request) -> Correction:
     try:
         return request.app.state.corrector.correct(req)
     except CorrectorError as e:
-        raise HTTPException(STATUS.get(e.kind, 502), {"kind": e.kind, "reason": e.reason}) from e
+        detail = {"kind": e.kind, "reason": excerpt(e.reason)}
+        raise HTTPException(STATUS.get(e.kind, 502), detail) from e
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        # The oracle reads the privileged state: one lacking the task's keys is the caller's.
+        raise HTTPException(
+            422,
+            {"kind": "input", "reason": excerpt(f"the state lacks what {req.task} needs: {e!r}")},
+        ) from e
 
 
 @router.get("/healthz")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from shared.payload import check_free_form
 from shared.schemas import TASKS, Correction, CorrectionRequest, Task
 
 __all__ = [
@@ -23,7 +25,24 @@ __all__ = [
 
 Kind = Literal["openai", "http", "oracle"]
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
-ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Keys come from the encrypted store, or from variables under this one prefix only: a
+# corrector must not be able to send GTR_DATABASE_URL (or any other setting) as its key.
+KEY_ENV_PREFIX = "GTR_CORRECTOR_KEY_"
+ENV_RE = r"^GTR_CORRECTOR_KEY_[A-Z0-9_]{1,80}$"
+# An HTTP header value: printable ASCII without spaces (a key outside it cannot be sent).
+_KEY_RE = r"^[\x21-\x7e]{1,4096}$"
+
+
+def _check_key(value: SecretStr | None, allow_empty: bool) -> SecretStr | None:
+    raw = value.get_secret_value() if value is not None else ""
+    if raw == "" and (allow_empty or value is None):
+        return value
+    if not re.fullmatch(_KEY_RE, raw):
+        raise ValueError(
+            "api_key must be 1 to 4096 printable ASCII characters without spaces "
+            "(it is sent as an HTTP header)"
+        )
+    return value
 
 
 class CorrectorCreate(BaseModel):
@@ -46,8 +65,21 @@ class CorrectorCreate(BaseModel):
         default=None,
         max_length=100,
         pattern=ENV_RE,
-        description="Or: the environment variable that holds the key",
+        description="Or: the environment variable that holds the key (GTR_CORRECTOR_KEY_*)",
     )
+    shared: bool = Field(
+        default=False, description="Usable by every team's runs; otherwise only by its team's"
+    )
+
+    @field_validator("params")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_free_form(value, "params")
+
+    @field_validator("api_key")
+    @classmethod
+    def _ascii_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return _check_key(value, allow_empty=True)
 
 
 class CorrectorPatch(BaseModel):
@@ -58,8 +90,22 @@ class CorrectorPatch(BaseModel):
     params: dict[str, Any] | None = None
     api_key: SecretStr | None = Field(default=None, description="A new key; '' removes it")
     api_key_env: str | None = Field(
-        default=None, max_length=100, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$"
+        default=None,
+        max_length=100,
+        pattern=r"^(GTR_CORRECTOR_KEY_[A-Z0-9_]{1,80})?$",
+        description="GTR_CORRECTOR_KEY_*; '' removes it",
     )
+    shared: bool | None = Field(default=None, description="Usable by every team's runs")
+
+    @field_validator("params")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else check_free_form(value, "params")
+
+    @field_validator("api_key")
+    @classmethod
+    def _ascii_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return _check_key(value, allow_empty=True)
 
 
 class CorrectorOut(BaseModel):
@@ -76,6 +122,7 @@ class CorrectorOut(BaseModel):
     )
     api_key_env: str | None
     team: str
+    shared: bool = Field(default=False, description="Usable by every team's runs")
     created_at: datetime
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.corrector.base import CallTrace, Corrector, CorrectorError
+from services.corrector.egress import stored_error
 from services.corrector.keys import decrypt_key
 from services.corrector.oracle import OracleCorrector
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
@@ -51,14 +52,23 @@ def build_corrector(
     noise: float = 0.0,
     seed: int = 0,
     budget: Budget | None = None,
+    team: str | None = None,
 ) -> Corrector:
-    """'oracle' (built in) or a registered corrector, by name."""
+    """'oracle' (built in) or a registered corrector, by name; with `team` (the run's), only
+    one of that team's or a shared one: another team's key never serves this team's steps."""
     if name == ORACLE:
         return OracleCorrector(noise=noise, seed=seed)
     row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
     if row is None:
         raise CorrectorError("config", f"no corrector named '{name}' is registered")
+    if team is not None and not usable_by(row, team):
+        raise CorrectorError("config", f"corrector '{name}' is not available to team '{team}'")
     return corrector_from_row(row, settings, noise=noise, seed=seed, budget=budget)
+
+
+def usable_by(row: models.Corrector, team: str) -> bool:
+    """A run may use its own team's correctors and those an admin marked shared."""
+    return row.team == team or bool(row.shared)
 
 
 def corrector_from_row(
@@ -169,7 +179,7 @@ def _outcome(
             budget.check()  # spent already: no request is even built
         correction = corrector.correct(request_for_step(session, step, blobs), trace)
     except CorrectorError as e:
-        return _failure(step, name, trace, start, f"{e.kind}: {e.reason}", e.raw)
+        return _failure(step, name, trace, start, stored_error(e), e.raw)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
         log.exception("corrector %s crashed on step %s", name, step.id)
         return _failure(step, name, trace, start, f"error: {type(e).__name__}: {str(e)[:500]}")

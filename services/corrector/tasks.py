@@ -25,7 +25,8 @@ _CACHE_LOCK = threading.Lock()
 def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     cfg = (run.config or {}).get("corrector", {}) if run else {}
     noise, seed = float(cfg.get("noise", 0.0)), int((run.config or {}).get("seed", 0)) if run else 0
-    key_parts: list[Any] = [name, noise, seed]
+    team = run.team if run else None
+    key_parts: list[Any] = [name, noise, seed, team]
     if name != ORACLE:
         row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
         if row is not None:
@@ -37,11 +38,15 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
                 row.params,
                 row.api_key_encrypted,
                 row.api_key_env,
+                row.team,
+                row.shared,
             ]
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()
     with _CACHE_LOCK:
         if key not in _CACHE:
-            _CACHE[key] = build_corrector(name, session, get_settings(), noise=noise, seed=seed)
+            _CACHE[key] = build_corrector(
+                name, session, get_settings(), noise=noise, seed=seed, team=team
+            )
         return _CACHE[key]
 
 

@@ -7,6 +7,8 @@ from fastapi.responses import JSONResponse
 
 from services.env.routes import router
 from services.env.service import EnvError, EnvPool, EpisodeNotStarted, PoolFull, SessionNotFound
+from shared.service_auth import excerpt, secure_service
+from shared.settings import Settings, get_settings
 
 _STATUS: dict[type[Exception], int] = {
     SessionNotFound: 404,
@@ -16,19 +18,37 @@ _STATUS: dict[type[Exception], int] = {
 }
 
 
-def create_app(pool: EnvPool | None = None) -> FastAPI:
-    """The app; pass a pool to share it (tests, embedded mode)."""
+def create_app(pool: EnvPool | None = None, settings: Settings | None = None) -> FastAPI:
+    """The app; pass a pool to share it (tests, embedded mode). Requests carry the settings'
+    service token, when one is set."""
+    settings = settings or get_settings()
     app = FastAPI(title="gtr-lab env service", version="0.1.0")
-    app.state.pool = pool if pool is not None else EnvPool()
+    app.state.pool = pool if pool is not None else pool_from(settings)
     app.include_router(router)
     for exc, status in _STATUS.items():
         app.add_exception_handler(exc, _handler(status))
-    return app
+    errors = {
+        404: "Unknown or expired session",
+        409: "Episode not started",
+        413: "Request body too large",
+        422: "Validation error",
+        429: "The pool is full",
+    }
+    return secure_service(app, settings.service_token_value, errors)
+
+
+def pool_from(settings: Settings) -> EnvPool:
+    """A pool bounded as the settings say: session count, image size and idle time."""
+    return EnvPool(
+        max_sessions=settings.env_max_sessions,
+        ttl_s=settings.env_session_ttl_s,
+        max_image_size=settings.env_max_image_size,
+    )
 
 
 def _handler(status: int):  # noqa: ANN202 - a FastAPI exception handler
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         detail = f"unknown session {exc.args[0]}" if isinstance(exc, SessionNotFound) else str(exc)
-        return JSONResponse(status_code=status, content={"detail": detail})
+        return JSONResponse(status_code=status, content={"detail": excerpt(detail)})
 
     return handle

@@ -123,19 +123,27 @@ def play(
 @env.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8001, show_default=True)
-@click.option("--max-sessions", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most sessions at once [default: GTR_ENV_MAX_SESSIONS, 256]",
+)
 @click.option(
     "--ttl",
     type=click.FloatRange(min=1),
-    default=3600.0,
-    show_default=True,
-    help="Idle seconds before a session is dropped",
+    default=None,
+    help="Idle seconds before a session is dropped [default: GTR_ENV_SESSION_TTL_S, 900]",
 )
-def serve(host: str, port: int, max_sessions: int, ttl: float) -> None:
+def serve(host: str, port: int, max_sessions: int | None, ttl: float | None) -> None:
     """Serve the env REST API (POST /envs, /envs/{id}/step, ...)."""
     import uvicorn
 
-    from services.env.app import create_app
-    from services.env.service import EnvPool
+    from services.env.app import create_app, pool_from
+    from shared.service_auth import serve_settings
 
-    uvicorn.run(create_app(EnvPool(max_sessions=max_sessions, ttl_s=ttl)), host=host, port=port)
+    settings = serve_settings()
+    pool = pool_from(settings)
+    pool.max_sessions = max_sessions or pool.max_sessions
+    pool.ttl_s = ttl or pool.ttl_s
+    uvicorn.run(create_app(pool, settings), host=host, port=port)

@@ -23,6 +23,8 @@ from services.env.service import (
     StepResult,
 )
 from shared.schemas import EnvConfig
+from shared.service_auth import auth_header
+from shared.settings import get_settings
 
 
 class EnvServiceError(RuntimeError):
@@ -45,10 +47,19 @@ class EnvClient:
     """HTTP client of the env service (``POST /envs`` ... ``DELETE /envs/{id}``)."""
 
     def __init__(
-        self, base_url: str, timeout: float = 60.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ):
+        """`token`: the service token to send; None = the settings' GTR_SERVICE_TOKEN."""
+        token = token if token is not None else get_settings().service_token_value
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"), timeout=timeout, transport=transport
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            transport=transport,
+            headers=auth_header(token),
         )
         # The service starts each session's first episode at creation; reset() hands it over,
         # so create + reset here replays exactly what it does on an EnvPool.

@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.env.parser import ParsedOutput
 from services.env.service import Observation, StepResult
+from shared.payload import check_free_form
 from shared.schemas import EnvConfig, Task
 
 
@@ -66,6 +67,11 @@ class ResetRequest(_Strict):
     options: dict[str, Any] | None = Field(
         None, description='Fix the deal, e.g. {"cards": ["H4", "S3"]}'
     )
+
+    @field_validator("options")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else check_free_form(value, "options")
 
 
 class TargetFormulaRequest(_Strict):

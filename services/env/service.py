@@ -98,9 +98,11 @@ class EnvPool:
         max_sessions: int = 1024,
         ttl_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        max_image_size: int = 1024,
     ) -> None:
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
+        self.max_image_size = max_image_size  # each session holds a few frames of this side
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
@@ -119,6 +121,11 @@ class EnvPool:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise EnvError(f"seed must be a non-negative integer, not {seed!r}")
         cfg = as_config(config)
+        if cfg.image_size > self.max_image_size:
+            raise EnvError(
+                f"image_size {cfg.image_size} is over this service's limit of "
+                f"{self.max_image_size} (GTR_ENV_MAX_IMAGE_SIZE)"
+            )
         with self._lock:
             self._evict_expired()
             if len(self._sessions) >= self.max_sessions:

@@ -10,6 +10,8 @@ from fastapi import FastAPI
 
 from services.policy.batching import Batcher
 from services.policy.routes import router
+from shared.service_auth import secure_service
+from shared.settings import Settings, get_settings
 
 
 def create_app(
@@ -20,8 +22,13 @@ def create_app(
     max_image_side: int = 1024,
     max_response_tokens: int = 2048,
     checkpoint: str | None = None,
+    settings: Settings | None = None,
 ) -> FastAPI:
-    """Serve `policy`: /generate (batched), /score, /checkpoints/load, /healthz, /stats."""
+    """Serve `policy`: /generate (batched), /score, /checkpoints/load, /healthz, /stats.
+
+    Requests carry the settings' service token (when set); checkpoints load only from under
+    the checkpoint store (GTR_CHECKPOINT_DIR) and GTR_CHECKPOINT_ROOTS."""
+    settings = settings or get_settings()
     batcher = Batcher(policy, max_batch=max_batch, max_wait_ms=max_wait_ms)
 
     @asynccontextmanager
@@ -36,5 +43,11 @@ def create_app(
     app.state.max_image_side = max_image_side
     app.state.max_response_tokens = max_response_tokens
     app.state.checkpoint = checkpoint
+    app.state.checkpoint_roots = [settings.checkpoints_path, *settings.checkpoint_roots]
     app.include_router(router)
-    return app
+    errors = {
+        404: "Checkpoint not found or not allowed",
+        413: "Request body, prompt or response too large",
+        422: "Validation error",
+    }
+    return secure_service(app, settings.service_token_value, errors)

@@ -108,6 +108,9 @@ def serve(
     from services.policy.app import create_app
     from services.policy.checkpoint import read_checkpoint_meta
     from services.policy.service import DEFAULT_LORA_TARGETS, Policy
+    from shared.service_auth import serve_settings
+
+    settings = serve_settings()  # production refuses default secrets before loading anything
 
     lora: dict[str, Any] = {
         "r": lora_r,
@@ -142,5 +145,6 @@ def serve(
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         checkpoint=str(checkpoint) if checkpoint else None,
+        settings=settings,
     )
     uvicorn.run(app, host=host, port=port, log_level="info")

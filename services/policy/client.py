@@ -11,6 +11,8 @@ import numpy as np
 from PIL import Image
 
 from services.policy.schemas import Generation, ScoreResponse, encode_png
+from shared.service_auth import auth_header, excerpt
+from shared.settings import get_settings
 
 
 class PolicyServiceError(RuntimeError):
@@ -24,8 +26,12 @@ class PolicyServiceError(RuntimeError):
 class PolicyClient:
     """Talks to `gtr policy serve`; returns the same `Generation` records as `Policy`."""
 
-    def __init__(self, base_url: str, timeout: float = 300.0) -> None:
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+    def __init__(self, base_url: str, timeout: float = 300.0, token: str | None = None) -> None:
+        """`token`: the service token to send; None = the settings' GTR_SERVICE_TOKEN."""
+        token = token if token is not None else get_settings().service_token_value
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout, headers=auth_header(token)
+        )
         self.checkpoint: str | None = None  # the last one loaded, as the service names it
 
     def close(self) -> None:
@@ -40,7 +46,7 @@ class PolicyClient:
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         r = self._http.post(path, json=body)
         if r.status_code >= 400:
-            raise PolicyServiceError(f"{path} -> {r.status_code}: {r.text}", r.status_code)
+            raise PolicyServiceError(f"{path} -> {r.status_code}: {excerpt(r.text)}", r.status_code)
         return r.json()
 
     def generate(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
@@ -22,6 +21,7 @@ from services.policy.schemas import (
     Stats,
     decode_png,
 )
+from shared.paths import CHECKPOINT_NOT_FOUND, confined
 
 router = APIRouter()
 
@@ -101,15 +101,17 @@ async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
 
 @router.post("/checkpoints/load")
 async def load_checkpoint(body: CheckpointLoad, request: Request) -> dict[str, Any]:
-    """Load a checkpoint folder (written by Policy.save) into the served policy."""
-    path = Path(body.path)
-    if not (path / "policy.json").is_file():
-        raise HTTPException(404, f"no policy checkpoint (policy.json) at {path}")
+    """Load a checkpoint folder (written by Policy.save) into the served policy: a path relative
+    to the checkpoint store (its id there) or an absolute one under an allowed root."""
+    path = confined(body.path, request.app.state.checkpoint_roots, "policy.json")
+    if path is None:
+        # One answer for "absent" and "not allowed": the reply must not map the file system.
+        raise HTTPException(404, CHECKPOINT_NOT_FOUND)
     try:
         # A run may bring another base model or fine-tuning mode: then the policy is rebuilt.
         policy = await asyncio.to_thread(policy_for_checkpoint, request.app.state.policy, path)
         request.app.state.policy = request.app.state.batcher.policy = policy
-    except (ValueError, FileNotFoundError) as e:
-        raise HTTPException(422, f"cannot load {path}: {e}") from e
+    except (ValueError, OSError) as e:
+        raise HTTPException(422, f"cannot load the checkpoint: {e}") from e
     request.app.state.checkpoint = str(path)
     return {"ok": True, "checkpoint": str(path)}

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -86,6 +87,8 @@ class Corrector(Base):
     api_key_encrypted: Mapped[str | None] = mapped_column(Text)  # Fernet token, never returned
     api_key_env: Mapped[str | None] = mapped_column(String(100))  # or: the env var holding it
     team: Mapped[str] = mapped_column(String(100), default="default")
+    # Usable by every team's runs (an admin's choice); otherwise only by the owning team's.
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

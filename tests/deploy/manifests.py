@@ -29,6 +29,7 @@ OPERATOR_FILES = {"overlays/gpu/secrets.env": "overlays/gpu/secrets.env.example"
 TEST_SECRETS = {
     "POSTGRES_PASSWORD": "0123456789abcdef",
     "GTR_SECRET_KEY": "f" * 64,
+    "GTR_SERVICE_TOKEN": "e" * 64,
     "FLOWER_BASIC_AUTH": "admin:test",
 }
 SHELLS = {"sh", "bash"}

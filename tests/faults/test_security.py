@@ -303,6 +303,7 @@ def test_no_secret_in_the_logs_of_a_whole_run(tmp_path: Path, warm_checkpoint: P
         GTR_SECRET_KEY="test-secret-for-this-run",
         GTR_LOG_LEVEL="DEBUG",
         GTR_TORCH_THREADS="1",
+        GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS="true",  # the fake endpoint listens on 127.0.0.1
     )
     made = _gtr(["token", "create", "root", "--admin"], env)
     assert made.returncode == 0, made.stderr

@@ -102,7 +102,7 @@ def test(
     body = body or CorrectorTest()
     with _http_errors():
         row = registry.get_corrector(db, token, corrector_id)
-    return registry.try_corrector(row, settings, body.task, body.seed)
+        return registry.try_corrector(row, settings, body.task, body.seed)
 
 
 @router.get("/{corrector_id}/stats", response_model=CorrectorStats)

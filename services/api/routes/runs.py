@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from services.api import service
 from services.api.auth import require_read, require_write
 from services.api.deps import get_db
+from services.api.launch import check_launch
 from services.api.schemas import (
     CheckpointOut,
     CorrectionOut,
@@ -53,6 +54,7 @@ def me(token: Reader) -> ApiToken:
 @router.post("/runs", response_model=RunOut, status_code=201)
 def create_run(config: RunConfig, db: Db, token: Writer) -> RunOut:
     """Launch a run from a run config; a controller picks it up."""
+    config = check_launch(db, config, token.team)  # corrector, model, checkpoint: the team's
     run = service.create_run(db, config, token.team)
     db.commit()
     return run_out(db, run)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from services.api import service
 from services.api.auth import COOKIE_NAME, lookup_token, raw_token
 from services.api.deps import get_db
+from services.api.launch import InvalidField, check_launch
 from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken
 from shared.schemas import RunConfig
 
@@ -204,6 +205,11 @@ def launch(
     """Launch a run from a pasted or uploaded config."""
     _writer(request, me)
     parsed, errors = parse_config(config)
+    if parsed is not None:
+        try:
+            parsed = check_launch(db, parsed, me.team)
+        except InvalidField as e:
+            parsed, errors = None, [f"{'.'.join(e.loc)}: {e.msg}"]
     if parsed is None:
         return _runs(request, db, me, None, 1, 422, errors=errors, config_text=config)
     run = service.create_run(db, parsed, me.team)

@@ -169,14 +169,14 @@ def test_build_corrector_from_the_registry(db, monkeypatch) -> None:  # type: ig
             base_url="http://127.0.0.1:9/v1",
             model="m",
             params={"timeout_s": 3},
-            api_key_env="GTR_TEST_KEY_X",
+            api_key_env="GTR_CORRECTOR_KEY_TEST_X",
         )
     )
     db.add(models.Corrector(name="by-http", kind="http", base_url="http://127.0.0.1:9", params={}))
     db.flush()
-    with pytest.raises(CorrectorError, match="GTR_TEST_KEY_X is not set"):
+    with pytest.raises(CorrectorError, match="GTR_CORRECTOR_KEY_TEST_X is not set"):
         build_corrector("by-env", db, settings)
-    monkeypatch.setenv("GTR_TEST_KEY_X", "sk-from-env")
+    monkeypatch.setenv("GTR_CORRECTOR_KEY_TEST_X", "sk-from-env")
     built = build_corrector("by-env", db, settings)
     assert isinstance(built, OpenAICorrector) and built.client.api_key == "sk-from-env"
     assert built.params.timeout_s == 3

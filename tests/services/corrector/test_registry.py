@@ -94,11 +94,10 @@ def test_secret_is_encrypted_and_never_returned_or_logged(
 def test_patch_removes_the_key_and_delete(admin: httpx.Client) -> None:
     cid = _create(admin, "short-lived", api_key=SECRET).json()["id"]
     patched = admin.patch(
-        f"/api/correctors/{cid}", json={"api_key": "", "api_key_env": "OPENAI_API_KEY"}
+        f"/api/correctors/{cid}", json={"api_key": "", "api_key_env": "GTR_CORRECTOR_KEY_OPENAI"}
     )
-    assert (
-        patched.json()["api_key_set"] is False and patched.json()["api_key_env"] == "OPENAI_API_KEY"
-    )
+    assert patched.json()["api_key_set"] is False
+    assert patched.json()["api_key_env"] == "GTR_CORRECTOR_KEY_OPENAI"
     assert admin.delete(f"/api/correctors/{cid}").status_code == 204
     assert admin.get(f"/api/correctors/{cid}").status_code == 404
 

@@ -1,0 +1,66 @@
+"""What a run config may name, checked at launch against the launching team: its corrector,
+its base model and its starting checkpoint. Each refusal is a 422 naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.corrector.service import ORACLE, usable_by
+from shared.db.models import Corrector, Run
+from shared.paths import CHECKPOINT_NOT_FOUND, MODEL_NOT_FOUND, confined, run_of_checkpoint
+from shared.schemas import RunConfig
+from shared.settings import Settings, get_settings
+
+
+class InvalidField(ValueError):
+    """A field of the request body that names something the caller may not use (422)."""
+
+    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+
+
+def check_launch(
+    session: Session, config: RunConfig, team: str, settings: Settings | None = None
+) -> RunConfig:
+    """The config with its paths resolved, or InvalidField. One message for "absent" and "not
+    allowed", so nothing here tells a team what exists outside its reach."""
+    settings = settings or get_settings()
+    name = config.corrector.name
+    if name != ORACLE:
+        row = session.scalar(select(Corrector).where(Corrector.name == name))
+        if row is None or not usable_by(row, team):
+            raise InvalidField(
+                ("corrector", "name"),
+                f"no corrector named '{name}' is available to team '{team}' "
+                "(register one for the team, or ask an admin to mark it shared)",
+            )
+    updates: dict[str, Any] = {}
+    if config.model.path:
+        roots = [settings.models_path, *settings.model_roots]
+        path = confined(config.model.path, roots, "config.json")
+        if path is None:
+            raise InvalidField(("model", "path"), MODEL_NOT_FOUND)
+        updates["model"] = config.model.model_copy(update={"path": str(path)})
+    if config.init.kind == "checkpoint" and config.init.checkpoint:
+        path = _checkpoint(session, config.init.checkpoint, team, settings)
+        updates["init"] = config.init.model_copy(update={"checkpoint": str(path)})
+    return config.model_copy(update=updates) if updates else config
+
+
+def _checkpoint(session: Session, text: str, team: str, settings: Settings) -> Path:
+    """A checkpoint by its id in the store (``run-3/update-2``) or a path under an allowed root;
+    one in the store must belong to a run of the same team."""
+    store = settings.checkpoints_path
+    path = confined(text, [store, *settings.checkpoint_roots], "policy.json")
+    if path is not None:
+        run_id = run_of_checkpoint(path, store)
+        owner = session.scalar(select(Run.team).where(Run.id == run_id)) if run_id else None
+        if run_id is None or owner == team:
+            return path
+    raise InvalidField(("init", "checkpoint"), CHECKPOINT_NOT_FOUND)

@@ -1,0 +1,85 @@
+"""Where corrector calls may go, and what of a remote's answer is kept or shown.
+
+Outbound calls refuse loopback, private, link-local (cloud metadata at 169.254.169.254 included),
+multicast, reserved and unspecified addresses, checked on every address the host name resolves
+to, so a name, a decimal-encoded IP (``http://2130706433/``) or an IPv4-mapped IPv6 address
+cannot reach them either. An operator with a corrector on the same host or LAN allows them with
+GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS=true.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from urllib.parse import urlsplit
+
+from services.corrector.base import CorrectorError
+from shared.settings import Settings, get_settings
+
+_METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+_HTTP_STATUS = re.compile(r"HTTP (\d{3})")
+_SECRETISH = re.compile(r"(?i)(bearer\s+\S+|authorization\S*\s*\S+|sk-[A-Za-z0-9_\-]+)")
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def blocked(address: IpAddress) -> bool:
+    """An address a corrector call may not reach unless private networks are allowed."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return (
+        address in _METADATA
+        or address.is_loopback
+        or address.is_private
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or not address.is_global
+    )
+
+
+def check_destination(url: str, settings: Settings | None = None) -> None:
+    """Raises CorrectorError('config') when `url`'s host resolves to a blocked address."""
+    settings = settings or get_settings()
+    if settings.corrector_allow_private_networks:
+        return
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError, UnicodeError) as e:
+        raise CorrectorError("transport", "the corrector's host name does not resolve") from e
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if blocked(address):
+            raise CorrectorError(
+                "config",
+                "the corrector's address is loopback, private, link-local or reserved; "
+                "allow it with GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS=true",
+            )
+
+
+def stored_error(e: CorrectorError) -> str:
+    """The `corrections.error` text: our own reason, without the remote's words (an error body
+    may echo request headers, keys included); the HTTP status stays."""
+    reason = re.sub(r"(HTTP \d{3}):.*", r"\1", e.reason, flags=re.DOTALL)
+    if e.kind in ("transport", "malformed"):
+        reason = re.sub(r"unreadable response \(.*", "unreadable response", reason, flags=re.DOTALL)
+    return f"{e.kind}: {_SECRETISH.sub('[redacted]', reason)[:500]}"
+
+
+def public_error(e: CorrectorError) -> str:
+    """A category for `/test`: enough to fix a setting, never a remote answer or a port scan."""
+    if e.kind == "transport":
+        status = _HTTP_STATUS.search(e.reason)
+        if status:
+            return f"transport: the endpoint answered HTTP {status.group(1)}"
+        if "does not resolve" in e.reason:
+            return "transport: the host name does not resolve"
+        return "transport: the endpoint could not be reached (refused, reset or timed out)"
+    if e.kind == "malformed":
+        return "malformed: the answer is not a valid correction"
+    return stored_error(e)
