@@ -133,7 +133,11 @@ def batched(url: str, rollout: list, envs: int) -> list[int]:
     for t, step in enumerate(rollout):
         records = [
             StepRecord(
-                e, obs.image, columns(t, e, envs, obs, r, text), bool(r.done), r.success,
+                e,
+                obs.image,
+                columns(t, e, envs, obs, r, text),
+                bool(r.done),
+                r.success,
                 r.final_state,
             )  # fmt: skip
             for e, (obs, r, text) in enumerate(step)

@@ -379,9 +379,14 @@ class RunDriver:
             }
             records.append(
                 StepRecord(
-                    e, obs.image, columns, bool(r.done), r.success, r.final_state,
+                    e,
+                    obs.image,
+                    columns,
+                    bool(r.done),
+                    r.success,
+                    r.final_state,
                     correct=valid and self._correcting,
-                )  # fmt: skip
+                )
             )
             ro.prompts.append(prompts[e])
             ro.gens.append(g)

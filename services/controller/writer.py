@@ -111,8 +111,13 @@ def record_step_batch(
         if r.done:
             success = bool(r.success)
             closed.append(
-                {"id": cur.episode_id, "length": cur.length, "total_return": cur.total_return,
-                 "success": success, "finished": True}  # fmt: skip
+                {
+                    "id": cur.episode_id,
+                    "length": cur.length,
+                    "total_return": cur.total_return,
+                    "success": success,
+                    "finished": True,
+                }  # fmt: skip
             )
             ended.append((r.env, cur, success, r.final_state or {}))
         else:
@@ -124,8 +129,13 @@ def record_step_batch(
             update_episodes(s, batch)
     if ended:
         new = [
-            {"run_id": run_id, "env_index": e, "seq": cur.seq + 1, "update_idx": update_idx,
-             "meta": {}}  # fmt: skip
+            {
+                "run_id": run_id,
+                "env_index": e,
+                "seq": cur.seq + 1,
+                "update_idx": update_idx,
+                "meta": {},
+            }  # fmt: skip
             for e, cur, _, _ in ended
         ]
         opened = insert_many(s, cast(Table, Episode.__table__), new)
