@@ -79,10 +79,12 @@ def record_step_batch(
     cursors: list[EpisodeCursor],
     frames: FrameShas,
     on_episode_end: EpisodeEnd | None = None,
+    run_values: dict[str, Any] | None = None,
 ) -> tuple[list[int], list[str], bool]:
     """Write one rollout step of every env; moves the episode cursors on (a finished episode is
     closed and the env's next one opened). Returns the step ids and frame shas in ``records``'
-    order, and whether the run was asked to cancel.
+    order, and whether the run was asked to cancel. ``run_values``: more columns of the run's row
+    to set in the same ``UPDATE`` as its step counter.
 
     On PostgreSQL the transaction commits without waiting for its WAL flush (``synchronous_commit
     = off``, this transaction only): a commit costs a disk flush, tens of ms on a busy disk, per
@@ -146,7 +148,7 @@ def record_step_batch(
     cancel = s.scalar(
         update(Run)
         .where(Run.id == run_id)
-        .values(env_steps=Run.env_steps + len(records), heartbeat_at=utcnow())
+        .values(env_steps=Run.env_steps + len(records), heartbeat_at=utcnow(), **(run_values or {}))
         .returning(Run.cancel_requested)
     )
     return ids, [sha or "" for sha in shas], bool(cancel)
