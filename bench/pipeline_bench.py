@@ -93,7 +93,27 @@ def warm_checkpoint(out: Path) -> Path:
     return make_warm_checkpoint(out)
 
 
-def speed(url: str) -> float:
+ENVS = 8  # set from --envs
+# setting -> per round: {stage: seconds per rollout step} (``time/<stage>_s`` of the updates)
+STAGES: dict[str, list[dict[str, float]]] = {}
+
+
+def stages(rows: list[dict]) -> dict[str, float]:
+    """Milliseconds per rollout step (all envs of the run) for each timed stage of ``collect``."""
+    steps = sum(m["env_steps_per_s"] * m["rollout_s"] for m in rows)
+    n_rollout_steps = steps / rows[0].get("num_envs", 1)
+    out: dict[str, float] = {}
+    for m in rows:
+        for k, v in m.items():
+            if k.startswith("time/"):
+                name = k.removeprefix("time/").removesuffix("_s")
+                out[name] = out.get(name, 0.0) + 1000 * v / n_rollout_steps
+    out["rollout"] = 1000 * sum(m["rollout_s"] for m in rows) / n_rollout_steps
+    out["other"] = out["rollout"] - sum(v for k, v in out.items() if k != "rollout")
+    return out
+
+
+def speed(url: str, setting: str | None = None) -> float:
     """Env steps per second over every update's rollout."""
     from sqlalchemy import select
 
@@ -105,11 +125,15 @@ def speed(url: str) -> float:
     # The first rollout pays each process's warm-up (first forward passes, connections): leave it
     # out when there are others.
     rows = rows[1:] if len(rows) > 1 else rows
+    if setting:
+        STAGES.setdefault(setting, []).append(stages([{**m, "num_envs": ENVS} for m in rows]))
     steps = sum(m["env_steps_per_s"] * m["rollout_s"] for m in rows)
     return steps / sum(m["rollout_s"] for m in rows)
 
 
-def embedded(tmp: Path, name: str, cfg: str, corrector_url: str | None = None) -> float:
+def embedded(
+    tmp: Path, name: str, cfg: str, corrector_url: str | None = None, label: str | None = None
+) -> float:
     data = tmp / name
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env["GTR_DATA_DIR"] = str(data)
@@ -140,14 +164,14 @@ def embedded(tmp: Path, name: str, cfg: str, corrector_url: str | None = None) -
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return speed(url)
+    return speed(url, label)
 
 
-def http_run(tmp: Path, name: str, cfg: str, url: str, tag: str) -> float:
-    return embedded(tmp, f"{name}-{tag}", cfg, url)
+def http_run(tmp: Path, name: str, cfg: str, url: str, label: str, tag: str) -> float:
+    return embedded(tmp, f"{name}-{tag}", cfg, url, label)
 
 
-def full_stack(tmp: Path, cfg: str) -> float:
+def full_stack(tmp: Path, cfg: str, label: str | None = None) -> float:
     import psycopg
 
     from tests.conftest import free_port
@@ -212,7 +236,7 @@ def full_stack(tmp: Path, cfg: str) -> float:
             time.sleep(1)
         if status != "completed":
             raise RuntimeError(f"full-stack bench run ended {status}")
-        return speed(db)
+        return speed(db, label)
     finally:
         for p in procs:
             p.terminate()
@@ -221,61 +245,99 @@ def full_stack(tmp: Path, cfg: str) -> float:
 
 
 def main() -> None:
+    global ENVS
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--updates", type=int, default=3)
-    ap.add_argument("--delays", default="0,0.5,2")
+    ap.add_argument("--delays", default="0,0.5,2", help="remote corrector delays; '' for none")
     ap.add_argument("--skip-stack", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="rounds over every setting (median)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print milliseconds per rollout step in each stage (generate, env, record...)",
+    )
     args = ap.parse_args()
+    ENVS = args.envs
     tmp = Path(tempfile.mkdtemp(prefix="gtr-pipeline-bench-"))
     ckpt = warm_checkpoint(tmp)
     shape = {"checkpoint": ckpt, "envs": args.envs, "steps": args.steps, "updates": args.updates}
-    servers = {d: latency_corrector(d) for d in [float(x) for x in args.delays.split(",")]}
+    delays = [float(x) for x in args.delays.split(",") if x.strip()]
+    servers = {d: latency_corrector(d) for d in delays}
     settings: dict[str, Callable[[str], float]] = {
         "embedded, no corrector": lambda tag: embedded(
             tmp,
             f"none-{tag}",
             CONFIG.format(algorithm="rl4vlm", corrector="oracle", wait="none", **shape),
+            label="embedded, no corrector",
         ),
         "embedded, oracle, async": lambda tag: embedded(
             tmp,
             f"oracle-{tag}",
             CONFIG.format(algorithm="gtr", corrector="oracle", wait="none", **shape),
+            label="embedded, oracle, async",
         ),
     }
     for d, (url, _server) in servers.items():
         for wait, mode in (("none", "async"), ("step", "sync")):
             cfg = CONFIG.format(algorithm="gtr", corrector="bench-http", wait=wait, **shape)
-            settings[f"embedded, {d:g} s corrector, {mode}"] = functools.partial(
-                http_run, tmp, f"http-{d:g}-{wait}", cfg, url
+            label = f"embedded, {d:g} s corrector, {mode}"
+            settings[label] = functools.partial(
+                http_run, tmp, f"http-{d:g}-{wait}", cfg, url, label
             )
     if not args.skip_stack:
         cfg = CONFIG.format(algorithm="gtr", corrector="oracle", wait="none", **shape)
         stack_cfg = cfg
-        settings["full stack, oracle, async"] = lambda tag: full_stack(tmp / tag, stack_cfg)
+        settings["full stack, oracle, async"] = lambda tag: full_stack(
+            tmp / tag, stack_cfg, "full stack, oracle, async"
+        )
     # Rounds, each over every setting in a rotated order: a burst of load from another job hits
     # one round's figure, not one setting's every figure; the median of the rounds is reported.
     runs: dict[str, list[float]] = {k: [] for k in settings}
+    loads: dict[str, list[float]] = {k: [] for k in settings}
     names = list(settings)
     for r in range(args.repeat):
         for k in names[r % len(names) :] + names[: r % len(names)]:
             runs[k].append(settings[k](f"r{r}"))
+            loads[k].append(os.getloadavg()[0])
             print(json.dumps({k: v for k, v in runs.items() if v}), flush=True)
-    report({k: statistics.median(v) for k, v in runs.items()})
+    report(runs, loads)
+    if args.profile:
+        report_stages()
 
 
-def report(out: dict[str, float]) -> None:
+def report(runs: dict[str, list[float]], loads: dict[str, list[float]]) -> None:
+    out = {k: statistics.median(v) for k, v in runs.items()}
     base = out["embedded, no corrector"]
-    print("| setting | env steps/s | ÷ embedded, no corrector |\n|---|---:|---:|")
+    print("| setting | rounds (env steps/s) | load avg (1 min) | median | ÷ embedded, none |")
+    print("|---|---|---|---:|---:|")
     for k, v in out.items():
-        print(f"| {k} | {v:.1f} | {v / base:.2f} |")
+        rounds = ", ".join(f"{x:.1f}" for x in runs[k])
+        load = ", ".join(f"{x:.1f}" for x in loads[k])
+        print(f"| {k} | {rounds} | {load} | {v:.1f} | {v / base:.2f} |")
     if "full stack, oracle, async" in out:
         ratio = out["full stack, oracle, async"] / out["embedded, oracle, async"]
         print(f"\nfull stack ÷ embedded (oracle, async): {ratio:.2f}")
+
+
+def report_stages() -> None:
+    """Median over rounds of each stage's milliseconds per rollout step, one column per setting."""
+    names = [k for k in STAGES if STAGES[k]]
+    keys = sorted({s for k in names for r in STAGES[k] for s in r}, key=_stage_order)
+    print("\nms per rollout step (all envs), median of rounds")
+    print("| stage | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for s in keys:
+        vals = [statistics.median(r.get(s, 0.0) for r in STAGES[k]) for k in names]
+        print(f"| {s} | " + " | ".join(f"{v:.1f}" for v in vals) + " |")
+
+
+def _stage_order(stage: str) -> tuple[int, str]:
+    order = ["cancel_check", "generate", "env", "record", "publish", "other", "rollout"]
+    return (order.index(stage) if stage in order else len(order) - 2, stage)
 
 
 if __name__ == "__main__":

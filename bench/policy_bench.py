@@ -8,6 +8,7 @@ gathered by dynamic batching ("B reqs"). Prints a markdown table for docs/benchm
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import tempfile
@@ -103,11 +104,20 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
     click.echo(
         f"tiny {arch} {size}, {new_tokens} new tokens, {threads} torch threads, median of {repeats}"
     )
+    click.echo(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
     click.echo("| batch | in-process tok/s | service, 1 req tok/s | service, B reqs tok/s |")
     click.echo("|---|---|---|---|")
+    base = rows[0]
     for b, a, c, d in rows:
-        click.echo(f"| {b} | {a:.0f} | {c:.0f} | {d:.0f} |")
-    click.echo(f"service counters: {stats['batches']} model calls for {stats['requests']} requests")
+        # each mode against its own batch-1 figure: what batching buys in that mode
+        click.echo(
+            f"| {b} | {a:.0f} ({a / base[1]:.1f}×) | {c:.0f} ({c / base[2]:.1f}×) "
+            f"| {d:.0f} ({d / base[3]:.1f}×) |"
+        )
+    click.echo(
+        f"service counters: {stats['batches']} model calls for {stats['requests']} requests, "
+        f"{stats.get('windows', 0)} batching windows opened"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.controller import metrics as M
@@ -37,12 +37,11 @@ from services.controller.backends import (
 from services.controller.evaluate import evaluate, greedy_generate
 from services.controller.recorder import (
     EpisodeCursor,
-    add_step,
-    close_episode,
     discard_after,
     open_episode,
-    touch_episode,
 )
+from services.controller.timing import StageClock
+from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
 from shared.db.models import Correction, Run, Step, Update, utcnow
 from shared.db.session import session_scope
 from shared.rollout import Rollout
@@ -132,6 +131,9 @@ class RunDriver:
         self.sessions: list[str] = []
         self.obs: list[Any] = []
         self.cursors: list[EpisodeCursor] = []
+        self.clock = StageClock()  # the current rollout's time per stage
+        self.frames = FrameShas(self.blobs)
+        self.cancel_seen = False  # the recorder thread saw the run's cancel flag
         self.sweep: CorrectionSweep | None = None
         if corrections is not None and self.cfg.algorithm != "rl4vlm":
             c = self.cfg.corrector
@@ -277,6 +279,7 @@ class RunDriver:
                 **self.success.summary(),
                 **per_subtask,
                 **speed,
+                **self.clock.metrics(),
                 "rollout_sha": sha,
             }
             s.add(Update(run_id=self.run_id, idx=u, metrics=summary))
@@ -305,64 +308,117 @@ class RunDriver:
     # ---- stages ---------------------------------------------------------------------------
 
     def collect(self, u: int) -> _Rollout:
-        """``num_steps`` batched env steps; steps recorded and queued for correction at once."""
+        """``num_steps`` batched env steps. Each step's rows are written, and its well-formed steps
+        queued for correction, on the recorder thread while the next step generates."""
         ro = _Rollout()
         gen = self.cfg.generation
-        E = self.cfg.train.num_envs
-        for t in range(self.cfg.train.num_steps):
-            self._check_cancel()
-            images, prompts = [o.image for o in self.obs], [o.prompt for o in self.obs]
-            gens = self.policy.generate(
-                images,
-                prompts,
-                temperature=gen.temperature,
-                top_p=gen.top_p,
-                max_new_tokens=gen.max_new_tokens,
-                repetition_penalty=gen.repetition_penalty,
-            )
-            results = self.envs.step_batch(
-                [(sid, g.text) for sid, g in zip(self.sessions, gens, strict=True)]
-            )
-            to_correct: list[int] = []
-            with session_scope() as s:
-                for e, (g, r) in enumerate(zip(gens, results, strict=True)):
-                    step = self._record(s, u, t * E + e, e, g, r)
-                    ro.step_ids.append(step.id)
-                    ro.prompts.append(prompts[e])
-                    ro.shas.append(step.image_sha or "")
-                    ro.gens.append(g)
-                    ro.rewards.append(float(r.reward))
-                    ro.dones.append(bool(r.done))
-                    ro.format_valid.append(bool(r.parsed.format_valid))
-                    ro.actions.append(step.parsed_action or "")
-                    ro.views.append(
-                        M.StepView(
-                            step.thought,
-                            step.parsed_action,
-                            step.format_valid,
-                            step.action_valid,
-                            step.state,
-                            step.thought_entropy,
-                        )
+        clock = self.clock = StageClock()
+        with WritePipeline() as writer:
+            for t in range(self.cfg.train.num_steps):
+                if self.cancel_seen:  # read by the recorder thread with each step it writes
+                    raise Cancelled()
+                images, prompts = [o.image for o in self.obs], [o.prompt for o in self.obs]
+                with clock("generate"):
+                    gens = self.policy.generate(
+                        images,
+                        prompts,
+                        temperature=gen.temperature,
+                        top_p=gen.top_p,
+                        max_new_tokens=gen.max_new_tokens,
+                        repetition_penalty=gen.repetition_penalty,
                     )
-                    if (
-                        step.format_valid
-                        and self.corrections is not None
-                        and self.cfg.algorithm != "rl4vlm"
-                    ):
-                        to_correct.append(step.id)
-                s.execute(
-                    update(Run)
-                    .where(Run.id == self.run_id)
-                    .values(env_steps=Run.env_steps + E, heartbeat_at=utcnow())
-                )
-            if to_correct and self.corrections is not None:
-                # After the commit, so the workers see the rows.
-                self.corrections.submit(self.run_id, to_correct)
-                if self.cfg.corrector.wait == "step":
-                    self._settle(to_correct)
-            self.obs = [r.observation for r in results]
+                with clock("env"):
+                    results = self.envs.step_batch(
+                        [(sid, g.text) for sid, g in zip(self.sessions, gens, strict=True)]
+                    )
+                with clock("record"):
+                    records = self._step_records(ro, u, t, prompts, gens, results)
+                    writer.submit(self._write_step, u, records)
+                if self.cfg.corrector.wait == "step" and self._correcting:
+                    with clock("record_wait"):
+                        ids = writer.results()[-1][0]
+                    self._settle([i for i, r in zip(ids, records, strict=True) if r.correct])
+                self.obs = [r.observation for r in results]
+            with clock("record_wait"):  # what the recorder thread had not written yet
+                for ids, shas in writer.results():
+                    ro.step_ids += ids
+                    ro.shas += shas
         return ro
+
+    @property
+    def _correcting(self) -> bool:
+        return self.corrections is not None and self.cfg.algorithm != "rl4vlm"
+
+    def _step_records(
+        self, ro: _Rollout, u: int, t: int, prompts: list[str], gens: list[Any], results: list[Any]
+    ) -> list[StepRecord]:
+        """The rows of one rollout step (one per env); the rollout's columns are filled here."""
+        E = self.cfg.train.num_envs
+        records = []
+        for e, (g, r) in enumerate(zip(gens, results, strict=True)):
+            obs = self.obs[e]
+            thought_ent = [h for h, m in zip(g.entropy, g.thought_mask, strict=False) if m]
+            entropy = float(np.mean(thought_ent)) if thought_ent else None
+            valid, action_valid = bool(r.parsed.format_valid), bool(r.parsed.action_valid)
+            columns = {
+                "update_idx": u,
+                "rollout_pos": t * E + e,
+                "prompt": obs.prompt,
+                "output": g.text,
+                "thought": r.parsed.thought,
+                "action_text": r.parsed.action_text,
+                "parsed_action": r.action,
+                "format_valid": valid,
+                "action_valid": action_valid,
+                "reward": float(r.reward),
+                "done": bool(r.done),
+                "value": float(g.value),
+                "logprob": float(sum(g.logprobs)),
+                "thought_entropy": entropy,
+                "state": obs.state,
+            }
+            records.append(
+                StepRecord(
+                    e,
+                    obs.image,
+                    columns,
+                    bool(r.done),
+                    r.success,
+                    r.final_state,
+                    correct=valid and self._correcting,
+                )
+            )
+            ro.prompts.append(prompts[e])
+            ro.gens.append(g)
+            ro.rewards.append(float(r.reward))
+            ro.dones.append(bool(r.done))
+            ro.format_valid.append(valid)
+            ro.actions.append(r.action or "")
+            ro.views.append(
+                M.StepView(r.parsed.thought, r.action, valid, action_valid, obs.state, entropy)
+            )
+        return records
+
+    def _write_step(self, u: int, records: list[StepRecord]) -> tuple[list[int], list[str]]:
+        """On the recorder thread: one transaction for the step, then its corrections queued
+        (after the commit, so the workers see the rows)."""
+        with session_scope() as s:
+            ids, shas, cancel = record_step_batch(
+                s, self.run_id, u, records, self.cursors, self.frames, self._episode_end
+            )
+        self.cancel_seen = self.cancel_seen or cancel
+        to_correct = [i for i, r in zip(ids, records, strict=True) if r.correct]
+        if to_correct and self.corrections is not None:
+            self.corrections.submit(self.run_id, to_correct)
+        return ids, shas
+
+    def _episode_end(self, cur: EpisodeCursor, success: bool, final: dict[str, Any]) -> None:
+        """An episode ended (on the recorder thread): the success windows."""
+        if "subtask" in final:  # ALFWorld: success per subtask (pick, look, clean, ...)
+            cur.meta = {"subtask": final["subtask"], "synthetic": bool(final.get("synthetic"))}
+            window = self.subtasks.setdefault(final["subtask"], M.SuccessWindow(self.success.size))
+            window.add(success, cur.total_return, cur.length)
+        self.success.add(success, cur.total_return, cur.length)
 
     def _settle(self, step_ids: list[int]) -> None:
         """Strict modes: wait for these corrections (the missing re-sent once, then failed)."""
@@ -371,51 +427,6 @@ class RunDriver:
         n = settle_corrections(self.corrections, self.run_id, step_ids, name, timeout)
         if n:
             log.warning("run %s: %s corrections timed out, recorded failed", self.run_id, n)
-
-    def _record(self, s: Session, u: int, pos: int, e: int, g: Any, r: Any) -> Step:
-        cur, obs = self.cursors[e], self.obs[e]
-        thought_ent = [h for h, m in zip(g.entropy, g.thought_mask, strict=False) if m]
-        step = add_step(
-            s,
-            self.blobs,
-            image=obs.image,
-            run_id=self.run_id,
-            episode_id=cur.episode_id,
-            idx=cur.length,
-            update_idx=u,
-            rollout_pos=pos,
-            prompt=obs.prompt,
-            output=g.text,
-            thought=r.parsed.thought,
-            action_text=r.parsed.action_text,
-            parsed_action=r.action,
-            format_valid=bool(r.parsed.format_valid),
-            action_valid=bool(r.parsed.action_valid),
-            reward=float(r.reward),
-            done=bool(r.done),
-            value=float(g.value),
-            logprob=float(sum(g.logprobs)),
-            thought_entropy=float(np.mean(thought_ent)) if thought_ent else None,
-            state=obs.state,
-        )
-        s.flush()
-        cur.length += 1
-        cur.total_return += float(r.reward)
-        if r.done:
-            success = bool(r.success)
-            final = r.final_state or {}
-            if "subtask" in final:  # ALFWorld: success per subtask (pick, look, clean, ...)
-                cur.meta = {"subtask": final["subtask"], "synthetic": bool(final.get("synthetic"))}
-                window = self.subtasks.setdefault(
-                    final["subtask"], M.SuccessWindow(self.success.size)
-                )
-                window.add(success, cur.total_return, cur.length)
-            close_episode(s, cur, success)
-            self.success.add(success, cur.total_return, cur.length)
-            self.cursors[e] = open_episode(s, self.run_id, e, cur.seq + 1, u)
-        else:
-            touch_episode(s, cur)
-        return step
 
     def _values(self, observations: list[Any]) -> np.ndarray:
         """V(o_T) for bootstrapping: the value head reads the prompt, one token is enough."""

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from services.env.schemas import (
+    FRAMES_HEADER,
     BatchStepResponse,
     CreateEnvResponse,
     ObservationOut,
@@ -44,7 +45,10 @@ _ERRORS: dict[int, type[Exception]] = {
 
 
 class EnvClient:
-    """HTTP client of the env service (``POST /envs`` ... ``DELETE /envs/{id}``)."""
+    """HTTP client of the env service (``POST /envs`` ... ``DELETE /envs/{id}``).
+
+    Frames come as raw pixels by default (``frames="png"`` asks for PNG), which spares a PNG
+    encode and decode per observation; one keep-alive connection serves every call."""
 
     def __init__(
         self,
@@ -52,14 +56,13 @@ class EnvClient:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
         token: str | None = None,
+        frames: str = "raw",
     ):
         """`token`: the service token to send; None = the settings' GTR_SERVICE_TOKEN."""
         token = token if token is not None else get_settings().service_token_value
+        headers = {**auth_header(token), **({FRAMES_HEADER: "raw"} if frames == "raw" else {})}
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            timeout=timeout,
-            transport=transport,
-            headers=auth_header(token),
+            base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, headers=headers
         )
         # The service starts each session's first episode at creation; reset() hands it over,
         # so create + reset here replays exactly what it does on an EnvPool.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from services.env.schemas import (
+    FRAMES_HEADER,
     BatchStepRequest,
     BatchStepResponse,
     CreateEnvRequest,
@@ -24,6 +25,11 @@ router = APIRouter()
 
 def _pool(request: Request) -> EnvPool:
     return request.app.state.pool
+
+
+def _raw(request: Request) -> bool:
+    """The client asked for raw frames (``X-GTR-Frames: raw``) instead of PNG."""
+    return request.headers.get(FRAMES_HEADER, "").lower() == "raw"
 
 
 def _output(pool: EnvPool, session_id: str, req: StepRequest) -> str:
@@ -50,7 +56,7 @@ def create_env(req: CreateEnvRequest, request: Request) -> CreateEnvResponse:
     obs = pool.reset(sid)
     names = pool.describe(sid)["action_names"]
     return CreateEnvResponse(
-        id=sid, task=req.task, action_names=names, observation=ObservationOut.of(obs)
+        id=sid, task=req.task, action_names=names, observation=ObservationOut.of(obs, _raw(request))
     )
 
 
@@ -64,14 +70,14 @@ def get_env(session_id: str, request: Request) -> SessionOut:
 def reset_env(session_id: str, request: Request, req: ResetRequest | None = None) -> ObservationOut:
     """Start a new episode (options may fix the deal)."""
     options = req.options if req is not None else None
-    return ObservationOut.of(_pool(request).reset(session_id, options))
+    return ObservationOut.of(_pool(request).reset(session_id, options), _raw(request))
 
 
 @router.post("/envs/{session_id}/step", response_model=StepOut)
 def step_env(session_id: str, req: StepRequest, request: Request) -> StepOut:
     """Step with the agent's output (or a legal action name); auto-resets when done."""
     pool = _pool(request)
-    return StepOut.of(pool.step(session_id, _output(pool, session_id, req)))
+    return StepOut.of(pool.step(session_id, _output(pool, session_id, req)), _raw(request))
 
 
 @router.post("/envs/step", response_model=BatchStepResponse)
@@ -79,7 +85,8 @@ def step_batch(req: BatchStepRequest, request: Request) -> BatchStepResponse:
     """Step many sessions at once."""
     pool = _pool(request)
     items = [(item.id, _output(pool, item.id, item)) for item in req.steps]
-    return BatchStepResponse(results=[StepOut.of(r) for r in pool.step_batch(items)])
+    raw = _raw(request)
+    return BatchStepResponse(results=[StepOut.of(r, raw) for r in pool.step_batch(items)])
 
 
 @router.put("/envs/{session_id}/target_formula", status_code=204)

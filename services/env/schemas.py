@@ -1,4 +1,5 @@
-"""Wire types of the env service; images travel as base64 PNG."""
+"""Wire types of the env service; images travel as base64 PNG, or raw pixels when the client
+asks for them (header ``X-GTR-Frames: raw``, see ``shared/frames.py``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from services.env.parser import ParsedOutput
 from services.env.service import Observation, StepResult
+from shared.frames import decode_raw, encode_raw
 from shared.payload import check_free_form
 from shared.schemas import EnvConfig, Task
+
+FRAMES_HEADER = "X-GTR-Frames"  # "raw": observations carry image_raw instead of image_png_b64
 
 
 class _Strict(BaseModel):
@@ -81,18 +85,21 @@ class TargetFormulaRequest(_Strict):
 
 
 class ObservationOut(BaseModel):
-    image_png_b64: str
+    image_png_b64: str | None = None
+    image_raw: str | None = Field(None, description="raw:HxW:<base64 pixels>, when asked for")
     prompt: str
     state: dict[str, Any]
 
     @classmethod
-    def of(cls, obs: Observation) -> ObservationOut:
+    def of(cls, obs: Observation, raw: bool = False) -> ObservationOut:
+        if raw:
+            return cls(image_raw=encode_raw(obs.image), prompt=obs.prompt, state=obs.state)
         return cls(image_png_b64=encode_png(obs.image), prompt=obs.prompt, state=obs.state)
 
     def to_observation(self) -> Observation:
-        return Observation(
-            image=decode_png(self.image_png_b64), prompt=self.prompt, state=self.state
-        )
+        raw, png = self.image_raw, self.image_png_b64 or ""
+        image = decode_raw(raw) if raw else decode_png(png)
+        return Observation(image=image, prompt=self.prompt, state=self.state)
 
 
 class ParsedOut(BaseModel):
@@ -118,9 +125,9 @@ class StepOut(BaseModel):
     final_state: dict[str, Any] | None
 
     @classmethod
-    def of(cls, r: StepResult) -> StepOut:
+    def of(cls, r: StepResult, raw: bool = False) -> StepOut:
         return cls(
-            observation=ObservationOut.of(r.observation),
+            observation=ObservationOut.of(r.observation, raw),
             reward=r.reward,
             terminated=r.terminated,
             truncated=r.truncated,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,22 +27,35 @@ class BatchStats:
     requests: int = 0
     samples: int = 0
     largest_batch: int = 0
+    windows: int = 0  # gathers that held the window open for more requests
 
 
 class Batcher:
     """Gathers requests for up to `max_wait_ms` (or `max_batch` samples) and runs them together.
 
+    The window opens only when it can pay: while callers have lately been concurrent (a request
+    came while another was queued, decoding or generating, within `memory_s`), or while requests
+    already received are still decoding their images (then it is held for them, up to
+    `max_wait_ms` more). A lone caller that sends a whole batch per request (the controller's
+    rollout step) is served at once instead of waiting out the window on every call.
+
     Requests with different sampling settings (or a seed) never share a call, so every caller gets
     exactly what a solo call with its own settings would sample from.
     """
 
-    def __init__(self, policy: Any, max_batch: int = 32, max_wait_ms: float = 5.0) -> None:
+    def __init__(
+        self, policy: Any, max_batch: int = 32, max_wait_ms: float = 5.0, memory_s: float = 30.0
+    ) -> None:
         self.policy = policy
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
+        self.memory_s = memory_s
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self.incoming_now = 0  # requests received whose images are still being decoded
+        self._generating = False
+        self._concurrent_until = float("-inf")  # loop time up to which callers count as concurrent
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -50,14 +65,32 @@ class Batcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    @asynccontextmanager
+    async def incoming(self) -> AsyncIterator[None]:
+        """Around a request's decoding, before ``submit``: the window waits for such requests."""
+        self._seen_concurrent(self.incoming_now > 0 or self._busy())
+        self.incoming_now += 1
+        try:
+            yield
+        finally:
+            self.incoming_now -= 1
+
     async def submit(
         self, images: list[Image.Image], prompts: list[str], params: dict[str, Any]
     ) -> list[Generation]:
         """Queue one request; resolves with its own generations, in order."""
         job = _Job(images, prompts, params, asyncio.get_running_loop().create_future())
         self.stats.requests += 1
+        self._seen_concurrent(self.incoming_now > 0 or self._busy())
         await self._queue.put(job)
         return await job.future
+
+    def _busy(self) -> bool:
+        return self._generating or not self._queue.empty()
+
+    def _seen_concurrent(self, concurrent: bool) -> None:
+        if concurrent:
+            self._concurrent_until = asyncio.get_running_loop().time() + self.memory_s
 
     async def _run(self) -> None:
         while True:
@@ -68,12 +101,21 @@ class Batcher:
     async def _gather(self) -> list[_Job]:
         jobs = [await self._queue.get()]
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait
+        start = loop.time()
+        window = self.max_wait if start < self._concurrent_until else 0.0
+        self.stats.windows += bool(window or self.incoming_now)
         while sum(len(j.prompts) for j in jobs) < self.max_batch:
-            try:
-                jobs.append(await asyncio.wait_for(self._queue.get(), deadline - loop.time()))
-            except TimeoutError:
+            if not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+                continue
+            # Requests already received are worth waiting for: their images are decoding.
+            limit = start + (window + self.max_wait if self.incoming_now else window)
+            if loop.time() >= limit:
                 break
+            try:
+                jobs.append(await asyncio.wait_for(self._queue.get(), limit - loop.time()))
+            except TimeoutError:
+                continue  # the limit is looked at again: a request may have come in meanwhile
         return jobs
 
     async def _call(self, group: list[_Job]) -> None:
@@ -82,6 +124,7 @@ class Batcher:
         self.stats.batches += 1
         self.stats.samples += len(prompts)
         self.stats.largest_batch = max(self.stats.largest_batch, len(prompts))
+        self._generating = True
         try:
             gens = await asyncio.to_thread(self.policy.generate, images, prompts, **group[0].params)
         except Exception as e:  # every caller of the failed call hears about it
@@ -89,6 +132,8 @@ class Batcher:
                 if not j.future.done():
                     j.future.set_exception(e)
             return
+        finally:
+            self._generating = False
         start = 0
         for j in group:
             if not j.future.done():  # a cancelled caller (client went away) is skipped

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from services.policy.schemas import Generation, ScoreResponse, encode_png
+from services.policy.schemas import Generation, ScoreResponse, encode_frame
 from shared.service_auth import auth_header, excerpt
 from shared.settings import get_settings
 
@@ -24,14 +24,20 @@ class PolicyServiceError(RuntimeError):
 
 
 class PolicyClient:
-    """Talks to `gtr policy serve`; returns the same `Generation` records as `Policy`."""
+    """Talks to `gtr policy serve`; returns the same `Generation` records as `Policy`.
 
-    def __init__(self, base_url: str, timeout: float = 300.0, token: str | None = None) -> None:
-        """`token`: the service token to send; None = the settings' GTR_SERVICE_TOKEN."""
+    Frames go as raw pixels by default (``frames="png"`` sends PNG), which spares a PNG encode
+    and decode per image; one keep-alive connection serves every call.
+    `token`: the service token to send; None = the settings' GTR_SERVICE_TOKEN."""
+
+    def __init__(
+        self, base_url: str, timeout: float = 300.0, token: str | None = None, frames: str = "raw"
+    ) -> None:
         token = token if token is not None else get_settings().service_token_value
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"), timeout=timeout, headers=auth_header(token)
         )
+        self.frames = frames
         self.checkpoint: str | None = None  # the last one loaded, as the service names it
 
     def close(self) -> None:
@@ -63,7 +69,7 @@ class PolicyClient:
     ) -> list[Generation]:
         """Same contract as `Policy.generate`."""
         body = {
-            "images": [encode_png(im) for im in images],
+            "images": [encode_frame(im, self.frames) for im in images],
             "prompts": list(prompts),
             "temperature": temperature,
             "top_p": top_p,
@@ -84,7 +90,7 @@ class PolicyClient:
     ) -> ScoreResponse:
         """Log-probs, entropies, values and mask as nested lists (no torch on the caller's side)."""
         body = {
-            "images": [encode_png(im) for im in images],
+            "images": [encode_frame(im, self.frames) for im in images],
             "prompts": list(prompts),
             "response_ids": [list(r) for r in response_ids],
             "temperature": temperature,

@@ -56,6 +56,7 @@ def stats(request: Request) -> Stats:
         requests=s.requests,
         samples=s.samples,
         largest_batch=s.largest_batch,
+        windows=s.windows,
         checkpoint=request.app.state.checkpoint,
     )
 
@@ -63,10 +64,12 @@ def stats(request: Request) -> Stats:
 @router.post("/generate", response_model=GenerateResponse)
 async def generate(req: GenerateRequest, request: Request) -> GenerateResponse:
     """Sample one response per (image, prompt); concurrent requests are batched together."""
-    images = await asyncio.to_thread(_images, request.app.state, req.images, req.prompts)
+    batcher = request.app.state.batcher
+    async with batcher.incoming():
+        images = await asyncio.to_thread(_images, request.app.state, req.images, req.prompts)
     params = req.model_dump(exclude={"images", "prompts"})
     try:
-        gens = await request.app.state.batcher.submit(images, req.prompts, params)
+        gens = await batcher.submit(images, req.prompts, params)
     except ValueError as e:
         raise HTTPException(422, str(e)) from e
     return GenerateResponse(generations=[GenerationOut(**dataclasses.asdict(g)) for g in gens])

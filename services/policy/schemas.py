@@ -6,8 +6,11 @@ import base64
 import io
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 from pydantic import BaseModel, Field
+
+from shared.frames import decode_raw, encode_raw, is_raw
 
 MAX_SAMPLES = 64  # per request
 MAX_PROMPT_CHARS = 8000
@@ -40,7 +43,9 @@ class Sampling(BaseModel):
 
 class GenerateRequest(Sampling):
     images: list[str] = Field(
-        min_length=1, max_length=MAX_SAMPLES, description="PNG, base64, one per prompt"
+        min_length=1,
+        max_length=MAX_SAMPLES,
+        description="PNG, base64 (or raw:HxW:<base64 pixels>), one per prompt",
     )
     prompts: list[str] = Field(
         min_length=1, max_length=MAX_SAMPLES, description="Env prompts (chat template added)"
@@ -86,6 +91,7 @@ class Stats(BaseModel):
     requests: int
     samples: int
     largest_batch: int
+    windows: int = Field(0, description="gathers that waited for more concurrent requests")
     checkpoint: str | None
 
 
@@ -97,10 +103,21 @@ def encode_png(image: object) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def encode_frame(image: object, frames: str = "png") -> str:
+    """``encode_png``, or raw pixels (``shared/frames.py``) when ``frames == "raw"``."""
+    if frames != "raw":
+        return encode_png(image)
+    arr = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
+    return encode_raw(arr)
+
+
 def decode_png(data: str, max_side: int) -> Image.Image:
-    """PIL image from base64 PNG/JPEG; ValueError with a message when bad or too large."""
+    """PIL image from base64 PNG/JPEG, or raw pixels; ValueError with a message when bad or too
+    large."""
     if len(data) > MAX_B64_CHARS:
         raise ValueError(f"image payload over {MAX_B64_CHARS} base64 characters")
+    if is_raw(data):
+        return Image.fromarray(decode_raw(data, max_side))
     try:
         img = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
     except Exception as e:  # binascii and PIL raise several types for bad data

@@ -66,6 +66,20 @@ def test_rest_episode_equals_pool_episode(base_url: str, task: str) -> None:
             client.step(ids[0], "junk")
 
 
+def test_raw_and_png_frames_carry_the_same_pixels(base_url: str) -> None:
+    with EnvClient(base_url, frames="raw") as raw, EnvClient(base_url, frames="png") as png:
+        cfg = {"image_size": 64}
+        ids = raw.create("points24", cfg, seed=5), png.create("points24", cfg, seed=5)
+        assert np.array_equal(raw.reset(ids[0]).image, png.reset(ids[1]).image)
+        a, b = raw.step_batch([(ids[0], "junk")])[0], png.step_batch([(ids[1], "junk")])[0]
+        assert a.observation.image.dtype == np.uint8 and a.observation.image.shape == (64, 64, 3)
+        assert np.array_equal(a.observation.image, b.observation.image)
+    r = httpx.post(f"{base_url}/envs", json={"task": "numberline"}, headers={"X-GTR-Frames": "raw"})
+    assert r.status_code == 201
+    obs = r.json()["observation"]
+    assert obs["image_png_b64"] is None and obs["image_raw"].startswith("raw:")
+
+
 def test_client_errors_match_the_pool(base_url: str) -> None:
     with EnvClient(base_url) as client:
         with pytest.raises(EnvError):

@@ -21,6 +21,7 @@ from services.policy.app import create_app
 from services.policy.client import PolicyClient, PolicyServiceError
 from services.policy.schemas import encode_png
 from services.policy.service import Policy
+from tests.conftest import live_server
 
 
 def _free_port() -> int:
@@ -82,6 +83,27 @@ def test_concurrent_requests_are_batched_and_each_caller_gets_its_own(
             assert torch.allclose(out.logprobs[i, :n], torch.tensor(g.logprobs), atol=1e-4)
 
 
+def test_a_lone_caller_never_waits_out_the_window(served: tuple[Policy, str]) -> None:
+    policy, _ = served
+    app = create_app(policy, max_batch=16, max_wait_ms=100, max_image_side=128)
+    with live_server(app) as url:
+        client = PolicyClient(url)
+        for k in range(3):  # one whole batch per request, one request at a time
+            client.generate(*_inputs(k, 4), max_new_tokens=2)
+        lone = client.stats()
+        barrier = threading.Barrier(4)
+
+        def call(k: int) -> list:
+            barrier.wait()
+            return client.generate(*_inputs(k, 1), max_new_tokens=2)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(call, range(4)))
+        after = client.stats()
+    assert (lone["batches"], lone["windows"]) == (3, 0)
+    assert after["windows"] > 0 and after["batches"] - lone["batches"] < 4
+
+
 def test_score_over_http_agrees_with_generate(served: tuple[Policy, str]) -> None:
     _, url = served
     images, prompts = _inputs(42, 2)
@@ -105,6 +127,10 @@ def test_limits_give_4xx_with_a_message(served: tuple[Policy, str]) -> None:
         ({"images": [img, img], "prompts": ["x"]}, 422, "2 images for 1 prompts"),
         ({"images": [base64.b64encode(b"nope").decode()], "prompts": ["x"]}, 422, "not a base64"),
         ({"images": [img], "prompts": ["x"], "temperature": 0}, 422, "temperature"),
+        # Raw frames (our own clients): a bad header, a short buffer, too large a side.
+        ({"images": ["raw:64:AAAA"], "prompts": ["x"]}, 422, "raw:<height>x<width>:"),
+        ({"images": ["raw:64x64:AAAA"], "prompts": ["x"]}, 422, "3 bytes for 64x64x3"),
+        ({"images": ["raw:200x64:AAAA"], "prompts": ["x"]}, 422, "128px"),
     ]
     for body, status, text in cases:
         r = httpx.post(f"{url}/generate", json=body)
