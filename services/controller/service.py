@@ -319,6 +319,7 @@ class RunDriver:
                 top_p=gen.top_p,
                 max_new_tokens=gen.max_new_tokens,
                 repetition_penalty=gen.repetition_penalty,
+                repetition_scope=gen.repetition_scope,
             )
             results = self.envs.step_batch(
                 [(sid, g.text) for sid, g in zip(self.sessions, gens, strict=True)]
@@ -362,7 +363,45 @@ class RunDriver:
                 if self.cfg.corrector.wait == "step":
                     self._settle(to_correct)
             self.obs = [r.observation for r in results]
+            if self.cfg.corrector.feedback:
+                self._feedback(ro, u, len(ro.step_ids) - E)
         return ro
+
+    def _feedback(self, ro: _Rollout, u: int, first: int) -> None:
+        """GTR's loop (``corrector.feedback``): the corrections of the batch just stepped end
+        their episodes ("no solution", or the formula left the target) or set their target."""
+        from services.controller.feedback import TRUNCATION_REWARD, decide
+
+        ids = ro.step_ids[first:]
+        with session_scope() as s:
+            extras: dict[int, Any] = dict(
+                s.execute(
+                    select(Correction.step_id, Correction.extras).where(
+                        Correction.step_id.in_(ids), Correction.status == "done"
+                    )
+                ).all()
+            )
+            for e, sid in enumerate(ids):
+                pos = first + e
+                if sid not in extras or ro.dones[pos]:
+                    continue  # no verdict, or the episode ended by itself
+                obs = self.obs[e]
+                fb = decide(extras[sid], obs.state.get("formula_text"))
+                if fb.target_formula is not None:
+                    self.envs.set_target_formula(self.sessions[e], fb.target_formula)
+                    obs.state = {**obs.state, "target_formula": fb.target_formula}
+                if not fb.truncate:
+                    continue
+                step, cur = s.get(Step, sid), self.cursors[e]
+                assert step is not None
+                cur.total_return += TRUNCATION_REWARD - float(step.reward)
+                step.reward, step.done = TRUNCATION_REWARD, True
+                ro.rewards[pos], ro.dones[pos] = TRUNCATION_REWARD, True
+                close_episode(s, cur, False)
+                self.success.add(False, cur.total_return, cur.length)
+                self.cursors[e] = open_episode(s, self.run_id, e, cur.seq + 1, u)
+                self.obs[e] = self.envs.reset(self.sessions[e])
+                log.debug("run %s step %s truncated: %s", self.run_id, sid, fb.reason)
 
     def _settle(self, step_ids: list[int]) -> None:
         """Strict modes: wait for these corrections (the missing re-sent once, then failed)."""
