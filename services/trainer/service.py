@@ -108,6 +108,7 @@ class Trainer:
         self.image_loader = image_loader or blob_image_loader()
         self._images: dict[str, Any] = {}
         self._targets: dict[int, tuple[list[int], list[int]]] = {}
+        self.reward_terms: dict[str, float] = {}  # the extra reward terms of the last update
 
     # ---- stages ------------------------------------------------------------------------------
 
@@ -121,13 +122,14 @@ class Trainer:
         as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
         values = as_te(rollout.values)
         rewards = as_te(rollout.rewards)
+        self.reward_terms = {}
         if self.cfg.length_reward:
             n_thought = rollout.thought_mask.sum(axis=1)
-            rewards = rewards + algos.length_bonus(
-                as_te(n_thought), self.max_new_tokens, self.cfg.length_reward
-            )
+            term = algos.length_bonus(as_te(n_thought), self.max_new_tokens, self.cfg.length_reward)
+            rewards, self.reward_terms["reward/length"] = rewards + term, float(term.mean())
         if self.cfg.judge_reward and judged_correct is not None:
-            rewards = rewards + algos.judge_bonus(as_te(judged_correct), self.cfg.judge_reward)
+            term = algos.judge_bonus(as_te(judged_correct), self.cfg.judge_reward)
+            rewards, self.reward_terms["reward/judge"] = rewards + term, float(term.mean())
         _, returns = algos.compute_gae(
             rewards,
             values,
@@ -289,6 +291,7 @@ class Trainer:
         metrics |= {
             "lr": lr,
             "sft_coef": sft_coef if use_sft else 0.0,
+            **self.reward_terms,
             "explained_variance": _finite(algos.explained_variance(values_t, returns_t).item()),
             "sft_samples": float(len(buffer) if use_sft and buffer is not None else 0),
             "returns_mean": float(returns_t.mean()),
