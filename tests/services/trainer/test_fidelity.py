@@ -202,3 +202,44 @@ def test_trainer_ranks_draw_different_sft_examples(tiny_dir: Path) -> None:
     assert not np.array_equal(
         ranks[0].rng.integers(0, 10**6, 8), ranks[1].rng.integers(0, 10**6, 8)
     )
+
+
+def test_vision_lora_and_image_value_head_train(tiny_dir: Path) -> None:
+    from services.policy.service import Policy
+    from services.trainer.service import Trainer
+    from tests.services.trainer.conftest import put_image, rollout_of
+
+    torch.manual_seed(0)
+    policy = Policy.load(
+        tiny_dir, lora_r=4, lora_targets="all_linear+vision", value_head="mlp+image"
+    )
+    shas = [put_image((200, 0, 0)), put_image((0, 0, 200))]
+    texts = [
+        json.dumps({"thoughts": "up", "action": "+"}),
+        json.dumps({"thoughts": "down", "action": "-"}),
+    ]
+    rollout = rollout_of(policy, shas, ["go", "go"], texts, [1.0, -1.0], num_envs=2)
+    buffer = DaggerBuffer(0, "latest", target="output")
+    buffer.add([SftExample(0, 0, "go", shas[0], texts[0], None)])
+    buffer.num_steps = 1
+    train = TrainConfig(
+        num_envs=2,
+        num_steps=1,
+        minibatch_size=2,
+        ppo_epochs=1,
+        lr=1e-2,
+        dagger="reference",
+        ratio_guard="reference",
+        sft_schedule="cosine",
+    )
+    trainer = Trainer(policy, train, "gtr", seed=0)
+    vision_b = {
+        n: p.detach().clone()
+        for n, p in policy.model.named_parameters()
+        if "vision_tower" in n and "lora_B" in n
+    }
+    metrics = trainer.update(rollout, buffer)
+    assert vision_b and np.isfinite(metrics["losses/sft"]) and metrics["sft_coef"] == 1.0
+    after = dict(policy.model.named_parameters())
+    assert any(not torch.equal(after[n], v) for n, v in vision_b.items())  # the CLIP tower moved
+    assert any(bool(p.abs().sum() > 0) for p in policy.value_head[-1].parameters())
