@@ -41,7 +41,7 @@ def config(warm: Path, head: str, updates: int, envs: int) -> str:
         "[train]",
         *(f"{k} = {json.dumps(v)}" for k, v in cfg["train"].items() if k != "num_envs"),
         f"num_envs = {envs}",
-        "[corrector]\nwait = \"none\"",
+        '[corrector]\nwait = "none"',
         "[metrics]\nprobe_states = 0",
     ]
     text = "\n".join(lines) + "\n"
@@ -57,7 +57,10 @@ def run(warm: Path, head: str, updates: int, envs: int, work: Path) -> dict[str,
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "train", str(folder / "run.toml")],
-        cwd=ROOT, env=env, capture_output=True, text=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         sys.exit(f"{head}: gtr train failed\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -66,8 +69,12 @@ def run(warm: Path, head: str, updates: int, envs: int, work: Path) -> dict[str,
     con.close()
     ev = [round(float(m["explained_variance"]), 3) for m in rows]
     late = ev[len(ev) // 2 :]
-    return {"head": head, "ev": ev, "late_mean": round(sum(late) / len(late), 3),
-            "seconds": round(time.monotonic() - start)}
+    return {
+        "head": head,
+        "ev": ev,
+        "late_mean": round(sum(late) / len(late), 3),
+        "seconds": round(time.monotonic() - start),
+    }
 
 
 def main() -> None:
@@ -85,7 +92,8 @@ def main() -> None:
     print("| value_head | explained variance per update | mean, last half | s |")
     print("|---|---|---|---|")
     for r in results:
-        print(f"| {r['head']} | {' '.join(map(str, r['ev']))} | {r['late_mean']} | {r['seconds']} |")
+        ev = " ".join(map(str, r["ev"]))
+        print(f"| {r['head']} | {ev} | {r['late_mean']} | {r['seconds']} |")
 
 
 if __name__ == "__main__":

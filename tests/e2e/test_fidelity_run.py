@@ -37,7 +37,7 @@ lr_schedule_updates = 25
 
 def _config(checkpoint) -> str:  # type: ignore[no-untyped-def]
     cfg = tiny_config(checkpoint, envs=2, steps=3, updates=2, wait="step")
-    cfg = cfg.replace("finetune = \"full\"\n", "finetune = \"full\"\nvalue_head = \"mlp+image\"\n")
+    cfg = cfg.replace('finetune = "full"\n', 'finetune = "full"\nvalue_head = "mlp+image"\n')
     cfg = cfg.replace("[generation]\nmax_new_tokens = 40\n", OPTIONS)
     cfg = cfg.replace("ppo_epochs = 1\n", "ppo_epochs = 1\n" + TRAIN)
     cfg = cfg.replace("wait_timeout_s = 60\n", "wait_timeout_s = 60\nfeedback = true\n")
