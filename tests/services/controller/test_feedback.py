@@ -57,14 +57,16 @@ def test_the_run_driver_applies_feedback_to_its_episodes(pg_url: str) -> None:
     driver = RunDriver(run_id, pool, None, None, None)  # type: ignore[arg-type]
     driver._open_envs(0)
     deals = [["HA", "SA", "DA", "CA"], ["HK", "S4", "D2", "CA"]]  # 1,1,1,1 cannot make 24
-    driver.obs = [pool.reset(sid, {"cards": d}) for sid, d in zip(driver.sessions, deals)]
+    driver.obs = [
+        pool.reset(sid, {"cards": d}) for sid, d in zip(driver.sessions, deals, strict=True)
+    ]
     target = "".join(target_tokens("points24", driver.obs[1].state) or [])
     outputs = [
         {"cards": [1, 1, 1, 1], "formula": "", "thoughts": "1 first", "action": "1"},
         {"cards": [10, 4, 2, 1], "formula": "", "thoughts": "go", "action": target[0]},
     ]
     gens = [Generation(json.dumps(o), [], [], 0.0, [], [], [], True, True) for o in outputs]
-    results = pool.step_batch([(sid, g.text) for sid, g in zip(driver.sessions, gens)])
+    results = pool.step_batch([(sid, g.text) for sid, g in zip(driver.sessions, gens, strict=True)])
     ro = _Rollout()
     with session_scope() as s:
         for e, (g, r) in enumerate(zip(gens, results, strict=True)):
