@@ -1,7 +1,7 @@
 """Explained variance of the value-head choices (model.value_head) on the tiny NumberLine model.
 
     .venv/bin/python bench/value_heads.py --warm DIR            # DIR: a policy checkpoint
-    .venv/bin/python bench/value_heads.py --warm DIR --updates 8 --heads linear,mlp
+    .venv/bin/python bench/value_heads.py --warm DIR --updates 8 --heads linear,mlp --value-lr 1e-3
 
 One embedded ``gtr train`` per head, all from the same warm-started policy (its value head is not
 loaded when the kinds differ: every head starts at 0), the numberline-tiny recipe otherwise.
@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def config(warm: Path, head: str, updates: int, envs: int) -> str:
+def config(warm: Path, head: str, updates: int, envs: int, value_lr: float | None) -> str:
     with open(ROOT / "configs" / "numberline-tiny.toml", "rb") as f:
         cfg: dict[str, Any] = tomllib.load(f)
     lines = [
@@ -41,6 +41,7 @@ def config(warm: Path, head: str, updates: int, envs: int) -> str:
         "[train]",
         *(f"{k} = {json.dumps(v)}" for k, v in cfg["train"].items() if k != "num_envs"),
         f"num_envs = {envs}",
+        *([f"value_lr = {value_lr}"] if value_lr else []),
         '[corrector]\nwait = "none"',
         "[metrics]\nprobe_states = 0",
     ]
@@ -48,10 +49,12 @@ def config(warm: Path, head: str, updates: int, envs: int) -> str:
     return text.replace("num_updates = 25", f"num_updates = {updates}")
 
 
-def run(warm: Path, head: str, updates: int, envs: int, work: Path) -> dict[str, Any]:
+def run(
+    warm: Path, head: str, updates: int, envs: int, value_lr: float | None, work: Path
+) -> dict[str, Any]:
     folder = work / head
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "run.toml").write_text(config(warm, head, updates, envs))
+    (folder / "run.toml").write_text(config(warm, head, updates, envs, value_lr))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env |= {"GTR_DATA_DIR": str(folder / "data"), "GTR_TORCH_THREADS": "1"}
     start = time.monotonic()
@@ -83,10 +86,11 @@ def main() -> None:
     ap.add_argument("--heads", default="linear,mlp,mlp+image")
     ap.add_argument("--updates", type=int, default=8)
     ap.add_argument("--envs", type=int, default=16)
+    ap.add_argument("--value-lr", type=float, default=None, help="train.value_lr (None = lr)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = [
-            run(args.warm.resolve(), h, args.updates, args.envs, Path(tmp))
+            run(args.warm.resolve(), h, args.updates, args.envs, args.value_lr, Path(tmp))
             for h in args.heads.split(",")
         ]
     print("| value_head | explained variance per update | mean, last half | s |")
