@@ -304,6 +304,12 @@ class RunConfig(_Strict):
         return self
 
     @property
+    def uses_corrector(self) -> bool:
+        """Whether steps go to the corrector: for the SFT term, or for the judge reward (which
+        an rl4vlm run may take: the paper's VLM-as-judge baseline is PPO on it)."""
+        return self.algorithm != "rl4vlm" or self.train.judge_reward > 0
+
+    @property
     def total_env_steps(self) -> int:
         return self.train.num_envs * self.train.num_steps * self.train.num_updates
 

@@ -133,7 +133,7 @@ class RunDriver:
         self.obs: list[Any] = []
         self.cursors: list[EpisodeCursor] = []
         self.sweep: CorrectionSweep | None = None
-        if corrections is not None and self.cfg.algorithm != "rl4vlm":
+        if corrections is not None and self.cfg.uses_corrector:
             c = self.cfg.corrector
             self.sweep = CorrectionSweep(corrections, run_id, c.name, c.wait_timeout_s)
 
@@ -346,11 +346,8 @@ class RunDriver:
                             step.thought_entropy,
                         )
                     )
-                    if (
-                        step.format_valid
-                        and self.corrections is not None
-                        and self.cfg.algorithm != "rl4vlm"
-                    ):
+                    wanted = self.corrections is not None and self.cfg.uses_corrector
+                    if step.format_valid and wanted:
                         to_correct.append(step.id)
                 s.execute(
                     update(Run)

@@ -122,6 +122,11 @@ def test_config_switches_validate() -> None:
         {**base, "corrector": {"feedback": True, "wait": "step"}, "train": {"judge_reward": 1}}
     )
     assert ok.train.dagger == "labelled" and ok.model.lora_targets == "attention"
+    # The VLM-as-judge baseline is PPO on the judge's reward: an rl4vlm run then calls the
+    # corrector, which a plain rl4vlm run never does.
+    judge = {"train": {"judge_reward": 1.0}, "corrector": {"wait": "update"}}
+    assert RunConfig.model_validate({**base, "algorithm": "rl4vlm", **judge}).uses_corrector
+    assert not RunConfig.model_validate({**base, "algorithm": "rl4vlm"}).uses_corrector
 
 
 def test_presets_follow_their_papers() -> None:
