@@ -70,7 +70,17 @@ class ModelConfig(_Strict):
     lora_target_modules: str = Field(
         r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj)",
         max_length=500,
-        description="Regex of the LM modules LoRA adapts (never the vision tower)",
+        description="Regex of the LM modules LoRA adapts under lora_targets = attention",
+    )
+    lora_targets: Literal["attention", "all_linear", "all_linear+vision"] = Field(
+        "attention",
+        description="LoRA presets: the LM's q/k/v/o (lora_target_modules); every LM Linear; "
+        "every Linear incl. vision tower + projector (the reference's --train-vision all)",
+    )
+    value_head: Literal["linear", "mlp", "mlp+image"] = Field(
+        "linear",
+        description="Value head on the last prompt token: one Linear; the reference's MLP "
+        "d-1024-512-1; that MLP also reading the mean of the image tokens' hidden states",
     )
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend; vllm needs a GPU")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -85,6 +95,11 @@ class GenerationConfig(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass")
     max_new_tokens: int = Field(64, ge=1, le=2048, description="Generation cap per step")
     repetition_penalty: float = Field(1.0, ge=1, le=3, description="GTR uses 1.2 on a 7B model")
+    repetition_scope: Literal["generated", "all"] = Field(
+        "generated",
+        description="Tokens the repetition penalty counts: generated only (the reference) or "
+        "prompt + generated (HF/vLLM built-in; pushes down the actions the prompt lists)",
+    )
 
 
 class InitConfig(_Strict):
@@ -132,6 +147,12 @@ class TrainConfig(_Strict):
     lr_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="One scheduler step per update"
     )
+    lr_schedule_updates: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Cosine period T_max in updates (reference: 25, fixed); None = num_updates",
+    )
     gamma: float = Field(0.9, ge=0, le=1, description="Discount (paper 0.9)")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (paper 0.95)")
     clip: float = Field(0.2, gt=0, le=1, description="PPO ratio clip (paper 0.1)")
@@ -158,8 +179,43 @@ class TrainConfig(_Strict):
     value_lr: float | None = Field(
         None, gt=0, le=1, description="Learning rate of the value head; None = lr"
     )
-    dagger_sampling: Literal["uniform", "recency"] = Field(
-        "uniform", description="How the DAgger buffer is sampled"
+    dagger_sampling: Literal["uniform", "recency", "latest"] = Field(
+        "uniform",
+        description="How the DAgger buffer is sampled; latest = only the newest update's "
+        "corrections (the paper's no-DAgger ablation)",
+    )
+    dagger: Literal["labelled", "reference"] = Field(
+        "labelled",
+        description="labelled: every PPO sample is paired with a correction; reference: the "
+        "draw is over every recorded step and an uncorrected one adds no SFT (GTR's code)",
+    )
+    sft_target: Literal["thought", "output"] = Field(
+        "thought",
+        description="thought: clone the corrected thought with the agent's own action, action "
+        "unsupervised (GTR); output: clone thought + the corrector's action (paper ablation)",
+    )
+    sft_schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="SFT weight over the run: constant (GTR) or cosine-annealed from sft_coef "
+        "to 0 over num_updates (paper ablation)",
+    )
+    ratio_guard: Literal["log_cap", "reference"] = Field(
+        "log_cap",
+        description="Far-off importance ratios: log-ratio capped at 20; reference: any ratio "
+        "> 10 in the minibatch -> the clipped surrogate only (RL4VLM/GTR code)",
+    )
+    judge_reward: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="VLM-as-judge baseline: reward + this when the corrector's verdict is "
+        "'correct' (needs corrector.wait = update or step)",
+    )
+    length_reward: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Thought-length baseline: reward + this x thought tokens / max_new_tokens",
     )
     adam_eps: float = Field(1e-7, gt=0, le=1, description="Adam epsilon")
     checkpoint_every: int = Field(
@@ -187,6 +243,12 @@ class CorrectorConfig(_Strict):
     )
     max_tokens: int | None = Field(
         None, ge=0, le=10_000_000_000, description="Per-run budget of corrector tokens"
+    )
+    feedback: bool = Field(
+        False,
+        description="Points games, wait = step: a verdict 'no solution possible' ends the "
+        "episode with reward -1, and the corrector's target formula is kept for the episode "
+        "(GTR's loop)",
     )
 
 
@@ -240,11 +302,27 @@ class RunConfig(_Strict):
     def _check(self) -> RunConfig:
         if self.init.kind == "checkpoint" and not self.init.checkpoint:
             raise ValueError("init.checkpoint is required when init.kind = 'checkpoint'")
+        if self.corrector.feedback and self.corrector.wait != "step":
+            raise ValueError(
+                "corrector.feedback needs corrector.wait = 'step': the verdict must be known "
+                "before the episode's next step"
+            )
+        if self.train.judge_reward and self.corrector.wait == "none":
+            raise ValueError(
+                "train.judge_reward needs corrector.wait = 'update' or 'step': the verdicts "
+                "must be in before the update"
+            )
         if self.total_env_steps > 50_000_000:
             raise ValueError(
                 "train: num_envs x num_steps x num_updates exceeds 50,000,000 env steps"
             )
         return self
+
+    @property
+    def uses_corrector(self) -> bool:
+        """Whether steps go to the corrector: for the SFT term, or for the judge reward (which
+        an rl4vlm run may take: the paper's VLM-as-judge baseline is PPO on it)."""
+        return self.algorithm != "rl4vlm" or self.train.judge_reward > 0
 
     @property
     def total_env_steps(self) -> int:

@@ -49,7 +49,7 @@ def backends(cfg: RunConfig, settings: Settings) -> dict[str, Any]:
     else:
         corrections = ThreadCorrections(cfg.corrector.name, cfg.corrector.noise, cfg.seed, settings)
         trainer = InProcessTrainer()
-    if cfg.algorithm == "rl4vlm":
+    if not cfg.uses_corrector:
         corrections = None
     return {"envs": envs, "policy": policy, "corrections": corrections, "trainer": trainer}
 

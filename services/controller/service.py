@@ -37,6 +37,7 @@ from services.controller.backends import (
 from services.controller.evaluate import evaluate, greedy_generate
 from services.controller.recorder import (
     EpisodeCursor,
+    close_episode,
     discard_after,
     open_episode,
 )
@@ -135,7 +136,7 @@ class RunDriver:
         self.frames = FrameShas(self.blobs)
         self.cancel_seen = False  # the recorder thread saw the run's cancel flag
         self.sweep: CorrectionSweep | None = None
-        if corrections is not None and self.cfg.algorithm != "rl4vlm":
+        if corrections is not None and self.cfg.uses_corrector:
             c = self.cfg.corrector
             self.sweep = CorrectionSweep(corrections, run_id, c.name, c.wait_timeout_s)
 
@@ -326,6 +327,7 @@ class RunDriver:
                         top_p=gen.top_p,
                         max_new_tokens=gen.max_new_tokens,
                         repetition_penalty=gen.repetition_penalty,
+                        repetition_scope=gen.repetition_scope,
                     )
                 with clock("env"):
                     results = self.envs.step_batch(
@@ -339,6 +341,8 @@ class RunDriver:
                         ids = writer.results()[-1][0]
                     self._settle([i for i, r in zip(ids, records, strict=True) if r.correct])
                 self.obs = [r.observation for r in results]
+                if self.cfg.corrector.feedback and self.cfg.corrector.wait == "step":
+                    self._feedback(ro, u, len(ro.rewards) - len(ids), ids)
             with clock("record_wait"):  # what the recorder thread had not written yet
                 for ids, shas in writer.results():
                     ro.step_ids += ids
@@ -347,7 +351,7 @@ class RunDriver:
 
     @property
     def _correcting(self) -> bool:
-        return self.corrections is not None and self.cfg.algorithm != "rl4vlm"
+        return self.corrections is not None and self.cfg.uses_corrector
 
     def _step_records(
         self, ro: _Rollout, u: int, t: int, prompts: list[str], gens: list[Any], results: list[Any]
@@ -419,6 +423,42 @@ class RunDriver:
             window = self.subtasks.setdefault(final["subtask"], M.SuccessWindow(self.success.size))
             window.add(success, cur.total_return, cur.length)
         self.success.add(success, cur.total_return, cur.length)
+
+    def _feedback(self, ro: _Rollout, u: int, first: int, ids: list[int]) -> None:
+        """GTR's loop (``corrector.feedback``): the corrections of the batch just stepped end
+        their episodes ("no solution", or the formula left the target) or set their target.
+        ``ids``: the batch's step ids; ``first``: its position in the rollout's columns."""
+        from services.controller.feedback import TRUNCATION_REWARD, decide
+
+        with session_scope() as s:
+            extras: dict[int, Any] = dict(
+                s.execute(
+                    select(Correction.step_id, Correction.extras).where(
+                        Correction.step_id.in_(ids), Correction.status == "done"
+                    )
+                ).all()
+            )
+            for e, sid in enumerate(ids):
+                pos = first + e
+                if sid not in extras or ro.dones[pos]:
+                    continue  # no verdict, or the episode ended by itself
+                obs = self.obs[e]
+                fb = decide(extras[sid], obs.state.get("formula_text"))
+                if fb.target_formula is not None:
+                    self.envs.set_target_formula(self.sessions[e], fb.target_formula)
+                    obs.state = {**obs.state, "target_formula": fb.target_formula}
+                if not fb.truncate:
+                    continue
+                step, cur = s.get(Step, sid), self.cursors[e]
+                assert step is not None
+                cur.total_return += TRUNCATION_REWARD - float(step.reward)
+                step.reward, step.done = TRUNCATION_REWARD, True
+                ro.rewards[pos], ro.dones[pos] = TRUNCATION_REWARD, True
+                close_episode(s, cur, False)
+                self.success.add(False, cur.total_return, cur.length)
+                self.cursors[e] = open_episode(s, self.run_id, e, cur.seq + 1, u)
+                self.obs[e] = self.envs.reset(self.sessions[e])
+                log.debug("run %s step %s truncated: %s", self.run_id, sid, fb.reason)
 
     def _settle(self, step_ids: list[int]) -> None:
         """Strict modes: wait for these corrections (the missing re-sent once, then failed)."""

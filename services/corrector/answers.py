@@ -91,9 +91,12 @@ def to_correction(task: str, content: str, thought_keys: list[str]) -> Correctio
     if answer.evaluation == "YES":
         return Correction(verdict="correct", extras=extras, reasoning=reasoning)
     if extras.get("possible_solution") is False:
-        # GTR: nothing to teach when the deal has no solution; the caller ends the episode.
+        # GTR: nothing to teach when the deal has no solution; with corrector.feedback on, the
+        # controller ends the episode (RunDriver._feedback).
         return Correction(verdict="incorrect", extras=extras, reasoning=reasoning)
     thought = _corrected(answer.correction, thought_keys, content)
+    if isinstance(answer.correction, dict) and answer.correction.get("action") is not None:
+        extras["action"] = str(answer.correction["action"])  # for the thought+action ablation
     return Correction(
         verdict="incorrect", corrected_thought=thought, extras=extras, reasoning=reasoning
     )

@@ -105,6 +105,7 @@ class OracleCorrector:
             noisy = self.noise > 0 and self._rng.random() < self.noise
             seed = self._rng.getrandbits(32)
         output = parse_agent_output(req.output)
+        wrong: dict[str, Any] = {}
         if noisy:
             wrong = misread_output(req.task, req.state, ideal, random.Random(seed))
             result = Correction(
@@ -124,6 +125,9 @@ class OracleCorrector:
                 reasoning="the expert's thought for this state",
             )
         extras = task_extras(req.task, req.state)
+        if result.verdict == "incorrect":
+            # The corrector's own action, for the thought+action cloning ablation.
+            extras["action"] = (wrong if noisy else ideal).get("action")
         return result.model_copy(
             update={"extras": extras, "latency_ms": (time.perf_counter() - start) * 1000}
         )

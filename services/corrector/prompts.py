@@ -75,16 +75,35 @@ QUESTIONS: dict[str, list[str]] = {
 }
 
 
+# Points24 without the solver (the paper's no-tool ablation): nothing mentions a tool.
+NO_TOOL_QUESTIONS: dict[str, list[str]] = {
+    "points24": [
+        "Which four cards are shown? If the target formula is 'NOT DETERMINED', work out a "
+        "formula that makes 24 from them, or decide that none exists.",
+        "Do the ranks in the thought match the cards, ignoring order?",
+        "Does the formula the thought proposes match the target formula?",
+        "Is the action the right next single token of the formula, or '=' if it is complete?",
+    ],
+}
+
+
+def questions_for(task: str, tools: bool = True) -> list[str]:
+    """The task's questions; tools=False drops every mention of the solver tool."""
+    return QUESTIONS[task] if tools else NO_TOOL_QUESTIONS.get(task, QUESTIONS[task])
+
+
 def user_prompt(
     task: str,
     thought: dict[str, Any] | str,
     thought_keys: list[str],
     formula: str | None,
     target_formula: str | None,
+    tools: bool = True,
 ) -> str:
     """The evaluate-then-correct request with the player's thought appended."""
-    questions = "\n".join(f"({i + 1}) {q}" for i, q in enumerate(QUESTIONS[task]))
-    answers = ", ".join(f'"answer{i + 1}"' for i in range(len(QUESTIONS[task])))
+    asked = questions_for(task, tools)
+    questions = "\n".join(f"({i + 1}) {q}" for i, q in enumerate(asked))
+    answers = ", ".join(f'"answer{i + 1}"' for i in range(len(asked)))
     keys = ", ".join(json.dumps(k) for k in thought_keys)
     lines = [
         "A player looked at the image and wrote the thought below. It may be wrong. Answer:",

@@ -59,7 +59,9 @@ class RemoteParams(BaseModel):
         default=True, description="Send the image; False = a text description of the state"
     )
     tools: bool = Field(
-        default=True, description="Tool calling; False = the solver's answer inlined"
+        default=True,
+        description="Points24 solver tool (inlined if the endpoint refuses tool calls); False = "
+        "no solver at all, the paper's no-tool ablation",
     )
     json_mode: bool = Field(default=True, description="Ask for response_format json_object")
     max_tool_rounds: int = Field(
@@ -196,7 +198,9 @@ class OpenAICorrector(_Remote):
             json_mode=self.params.json_mode and not plain,
             max_tokens=self.params.max_tokens or (600 if req.task == "alfworld" else 400),
         )
-        inline = req.task == "points24" and not call.tools
+        # The solver's answer is inlined only for an endpoint that refused tool calls; with
+        # tools off there is no solver at all (the no-tool ablation).
+        inline = req.task == "points24" and self.params.tools and not call.tools
         return self._converse(self._messages(req, output, keys, inline), call, trace)
 
     def _messages(
@@ -220,9 +224,8 @@ class OpenAICorrector(_Remote):
             {"role": "user", "content": parts},
         ]
 
-    @staticmethod
     def _prompt(
-        req: CorrectionRequest, output: dict[str, Any] | None, keys: list[str]
+        self, req: CorrectionRequest, output: dict[str, Any] | None, keys: list[str]
     ) -> tuple[str, str]:
         """(system, user) texts; ALFWorld's come from its env part, which knows the state."""
         if req.task == "alfworld" and req.state is not None:
@@ -232,7 +235,7 @@ class OpenAICorrector(_Remote):
         thought: dict[str, Any] | str = thought_of(output) if output else req.output
         formula = _current_formula(req, output)
         target = (req.state or {}).get("target_formula")  # the episode's memory, when kept
-        text = prompts.user_prompt(req.task, thought, keys, formula, target)
+        text = prompts.user_prompt(req.task, thought, keys, formula, target, self.params.tools)
         return prompts.SYSTEM[req.task], text
 
     def _converse(self, messages: list[dict[str, Any]], call: _Call, trace: CallTrace) -> str:

@@ -41,13 +41,17 @@ def save_policy(policy: Policy, directory: Path) -> Path:
         "base_model": str(policy.model_path),
         "model_type": policy.model_type,
         "vision": policy.lora is not None and policy.vision_in_checkpoint,
+        "value_head": policy.value_kind,
     }
     (directory / "policy.json").write_text(json.dumps(meta, indent=2))
     return directory
 
 
-def load_policy_weights(policy: Policy, directory: Path) -> None:
-    """Load a checkpoint written by `save_policy` into `policy` (same fine-tuning mode)."""
+def load_policy_weights(policy: Policy, directory: Path, value_head: bool = True) -> None:
+    """Load a checkpoint written by `save_policy` into `policy` (same fine-tuning mode).
+
+    value_head=False keeps the policy's own head (a run starting from another run's checkpoint
+    with another value-head kind)."""
     meta = read_checkpoint_meta(directory)
     if meta["finetune"] != policy.finetune:
         raise ValueError(f"checkpoint is {meta['finetune']} but the policy is {policy.finetune}")
@@ -61,6 +65,13 @@ def load_policy_weights(policy: Policy, directory: Path) -> None:
             _load_named(policy, load_file(str(directory / VISION)))
     else:
         load_model(policy.model, str(directory / FULL), device=str(policy.device))
+    if not value_head:
+        return
+    kind = meta.get("value_head", "linear")
+    if kind != policy.value_kind:
+        raise ValueError(
+            f"checkpoint value head is {kind!r} but the policy's is {policy.value_kind!r}"
+        )
     head = load_file(str(directory / VALUE_HEAD))
     policy.value_head.load_state_dict({k: v.to(policy.device) for k, v in head.items()})
 
@@ -82,6 +93,22 @@ def _load_named(policy: Policy, state: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor.to(params[name].dtype))
+
+
+def policy_kwargs(meta: dict[str, Any]) -> dict[str, Any]:
+    """`Policy.load` arguments that rebuild the policy a checkpoint's policy.json describes."""
+    lora = meta.get("lora") or {}
+    out: dict[str, Any] = {
+        "finetune": meta["finetune"],
+        "lora_r": lora.get("r", 16),
+        "lora_alpha": lora.get("alpha", 32),
+        "lora_dropout": lora.get("dropout", 0.0),
+        "lora_targets": lora.get("targets", "attention"),
+        "value_head": meta.get("value_head", "linear"),
+    }
+    if "target_modules" in lora:
+        out["lora_target_modules"] = lora["target_modules"]
+    return out
 
 
 def read_checkpoint_meta(directory: str | Path) -> dict[str, Any]:
@@ -107,16 +134,9 @@ def policy_for_checkpoint(current: Policy | None, directory: str | Path) -> Poli
         and current.finetune == meta["finetune"]
         and (current.lora or {}).get("r") == (meta.get("lora") or {}).get("r")
     )
+    same = same and current is not None and current.value_kind == meta.get("value_head", "linear")
     if not same:
-        lora = meta.get("lora") or {}
-        current = Policy.load(
-            meta["base_model"],
-            finetune=meta["finetune"],
-            lora_r=lora.get("r", 16),
-            lora_alpha=lora.get("alpha", 32),
-            lora_dropout=lora.get("dropout", 0.0),
-            **({"lora_target_modules": lora["target_modules"]} if "target_modules" in lora else {}),
-        )
+        current = Policy.load(meta["base_model"], **policy_kwargs(meta))
     assert current is not None
     current.load_weights(directory)
     return current

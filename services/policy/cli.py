@@ -106,7 +106,7 @@ def serve(
     import uvicorn
 
     from services.policy.app import create_app
-    from services.policy.checkpoint import read_checkpoint_meta
+    from services.policy.checkpoint import policy_kwargs, read_checkpoint_meta
     from services.policy.service import DEFAULT_LORA_TARGETS, Policy
     from shared.service_auth import serve_settings
 
@@ -119,18 +119,16 @@ def serve(
         "target_modules": DEFAULT_LORA_TARGETS,
     }
     try:
+        kwargs: dict[str, Any] = {
+            "finetune": finetune,
+            "lora_r": lora["r"],
+            "lora_alpha": lora["alpha"],
+            "lora_dropout": lora["dropout"],
+            "lora_target_modules": lora["target_modules"],
+        }
         if checkpoint is not None:
-            meta = read_checkpoint_meta(checkpoint)
-            finetune, lora = meta["finetune"], meta.get("lora") or lora
-        pol = Policy.load(
-            model_path,
-            finetune=finetune,  # type: ignore[arg-type]
-            lora_r=lora["r"],
-            lora_alpha=lora["alpha"],
-            lora_dropout=lora["dropout"],
-            lora_target_modules=lora["target_modules"],
-            device=device,
-        )
+            kwargs = policy_kwargs(read_checkpoint_meta(checkpoint))
+        pol = Policy.load(model_path, device=device, **kwargs)
         served: Any = pol
         if backend == "vllm":
             from services.policy.vllm_backend import VllmPolicy

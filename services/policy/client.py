@@ -64,6 +64,7 @@ class PolicyClient:
         top_p: float = 1.0,
         max_new_tokens: int = 64,
         repetition_penalty: float = 1.0,
+        repetition_scope: str = "generated",
         greedy: bool = False,
         seed: int | None = None,
     ) -> list[Generation]:
@@ -75,6 +76,7 @@ class PolicyClient:
             "top_p": top_p,
             "max_new_tokens": max_new_tokens,
             "repetition_penalty": repetition_penalty,
+            "repetition_scope": repetition_scope,
             "greedy": greedy,
             "seed": seed,
         }

@@ -31,10 +31,14 @@ def load_processor(path: Path, config: Any) -> Any:
     return proc
 
 
+LORA_TARGETS = ("attention", "all_linear", "all_linear+vision")
+VISION_PARTS = ("vision_tower", "multi_modal_projector", "visual", "vision_model", "connector")
+
+
 def add_lora(model: Any, lora: dict[str, Any]) -> Any:
     from peft import LoraConfig, get_peft_model
 
-    targets = lm_linear_modules(model, lora["target_modules"])
+    targets = lora_modules(model, lora.get("targets", "attention"), lora["target_modules"])
     if not targets:
         raise ValueError(
             f"lora_target_modules {lora['target_modules']!r} matches no LM Linear layer"
@@ -47,6 +51,26 @@ def add_lora(model: Any, lora: dict[str, Any]) -> Any:
         bias="none",
     )
     return get_peft_model(model, cfg)
+
+
+def lora_modules(model: Any, preset: str, pattern: str) -> list[str]:
+    """The Linear layers LoRA adapts under a `lora_targets` preset.
+
+    attention: LM layers matching `pattern` (q/k/v/o by default); all_linear: every LM Linear
+    (the reference: MLP included); all_linear+vision: also every Linear of the vision tower and
+    projector (the reference's --train-vision all). lm_head and the value head are never adapted.
+    """
+    if preset == "attention":
+        return lm_linear_modules(model, pattern)
+    if preset not in LORA_TARGETS:
+        raise ValueError(f"lora_targets must be one of {', '.join(LORA_TARGETS)}, got {preset!r}")
+    names = lm_linear_modules(model, ".*")
+    if preset == "all_linear+vision":
+        inner = model.model
+        parts = [getattr(inner, n) for n in VISION_PARTS if hasattr(inner, n)]
+        ids = {id(m) for part in parts for m in part.modules()}
+        names += [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) in ids]
+    return names
 
 
 def lm_linear_modules(model: Any, pattern: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from PIL import Image
@@ -37,6 +38,7 @@ class Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, ge=1, le=1024)
     repetition_penalty: float = Field(1.0, ge=1, le=3)
+    repetition_scope: Literal["generated", "all"] = "generated"
     greedy: bool = False
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
 

@@ -16,10 +16,11 @@ Interface (stable; the trainer and controller code against it):
   (top-p and the repetition penalty shape sampling only), so ``score`` reproduces them exactly.
   ``token_ids`` are the response tokens, EOS included when produced. ``value`` is the value head
   on the last-layer hidden state of the last prompt token.
-- Spans: ``thought_mask`` = tokens wholly before the ``"action":`` key; ``action_mask`` = from the
-  token that holds the key's first character to the end, EOS excluded. Found from the decoded
-  text's character offsets, never from token ids. No key: ``has_action=False``, ``action_mask`` all
-  False and ``thought_mask`` = every non-EOS token. ``spans(token_ids)`` gives the same masks.
+- Spans: ``thought_mask`` = tokens wholly before the last ``"action":`` key; ``action_mask`` =
+  from the token that holds that key's first character to the end, EOS excluded. Found from the
+  decoded text's character offsets, never from token ids. No key: ``has_action=False``,
+  ``action_mask`` all False and ``thought_mask`` = every non-EOS token. ``spans(token_ids)``
+  gives the same masks.
 - ``score(images, prompts, response_ids, *, with_grad=False, temperature=1.0) -> ScoreOutput`` with
   tensors ``logprobs (B,T)``, ``entropy (B,T)``, ``values (B,)``, ``mask (B,T)`` (1 on real response
   tokens, responses right-padded to the longest). ``with_grad=True`` is the trainer's differentiable
@@ -58,6 +59,7 @@ import torch
 from torch import nn
 
 from services.policy.checkpoint import load_policy_weights, save_policy
+from services.policy.heads import GeneratedRepetitionPenalty, image_token_id, make_value_head
 from services.policy.loading import (
     QWEN_TYPES,
     ImageLike,
@@ -102,6 +104,7 @@ class Policy:
         model_path: Path,
         device: torch.device,
         dtype: torch.dtype,
+        value_head: str = "linear",
     ) -> None:
         self.model = model
         self.processor = processor
@@ -114,9 +117,9 @@ class Policy:
         self.dtype = dtype
         cfg = self.base_model.config
         self.model_type: str = cfg.model_type
-        self.value_head = nn.Linear(cfg.get_text_config().hidden_size, 1).to(device)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
+        self.value_kind = value_head
+        self.value_head = make_value_head(value_head, cfg.get_text_config().hidden_size).to(device)
+        self._image_token = image_token_id(cfg)
         self.eos_id: int = self.tokenizer.eos_token_id
         self.pad_id: int = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -142,6 +145,8 @@ class Policy:
         lora_alpha: int = 32,
         lora_dropout: float = 0.0,
         lora_target_modules: str = DEFAULT_LORA_TARGETS,
+        lora_targets: str = "attention",
+        value_head: str = "linear",
         device: str | None = None,
         dtype: str = "auto",
         seed: int = 0,
@@ -166,6 +171,7 @@ class Policy:
                 "alpha": lora_alpha,
                 "dropout": lora_dropout,
                 "target_modules": lora_target_modules,
+                "targets": lora_targets,
             }
             model = add_lora(model, lora)
         elif finetune != "full":
@@ -178,6 +184,7 @@ class Policy:
             model_path=path,
             device=dev,
             dtype=tdtype,
+            value_head=value_head,
         )
 
     @classmethod
@@ -190,6 +197,8 @@ class Policy:
             lora_alpha=model_cfg.lora_alpha,
             lora_dropout=model_cfg.lora_dropout,
             lora_target_modules=model_cfg.lora_target_modules,
+            lora_targets=model_cfg.lora_targets,
+            value_head=model_cfg.value_head,
             dtype=model_cfg.dtype,
             seed=seed,
         )
@@ -237,11 +246,15 @@ class Policy:
         top_p: float = 1.0,
         max_new_tokens: int = 64,
         repetition_penalty: float = 1.0,
+        repetition_scope: str = "generated",
         greedy: bool = False,
         seed: int | None = None,
     ) -> list[Generation]:
-        """Sample one response per (image, prompt); see the module docstring."""
-        from transformers import GenerationConfig
+        """Sample one response per (image, prompt); see the module docstring.
+
+        repetition_scope "generated": the penalty counts the response's own tokens only (the
+        reference, which generated from embeddings); "all": HF's, prompt tokens included."""
+        from transformers import GenerationConfig, LogitsProcessorList
 
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
@@ -249,7 +262,7 @@ class Policy:
         gcfg = GenerationConfig(
             do_sample=not greedy,
             max_new_tokens=max_new_tokens,
-            repetition_penalty=repetition_penalty,
+            repetition_penalty=repetition_penalty if repetition_scope == "all" else 1.0,
             suppress_tokens=self.suppress_ids,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
@@ -259,12 +272,17 @@ class Policy:
         )
         with self._lock, torch.no_grad():
             inputs = self._inputs(images, prompts)
+            prompt_len = inputs["input_ids"].shape[1]
+            processors = LogitsProcessorList()
+            if repetition_scope == "generated" and repetition_penalty != 1.0:
+                processors.append(GeneratedRepetitionPenalty(repetition_penalty, prompt_len))
             if seed is not None:
                 torch.manual_seed(seed)
-            with self._last_hidden(-1) as hidden:  # the prefill's last prompt token
-                out = self.model.generate(**inputs, generation_config=gcfg)
-            prompt_len = inputs["input_ids"].shape[1]
-            values = self._value(hidden[0])
+            with self._last_hidden(-1, inputs["input_ids"]) as hidden:  # the prefill's last token
+                out = self.model.generate(
+                    **inputs, generation_config=gcfg, logits_processor=processors
+                )
+            values = self._value(*hidden[0])
             logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw
             logp, ent = self._token_stats(logits, out.sequences[:, prompt_len:], temperature)
         return [
@@ -310,9 +328,9 @@ class Policy:
             grad = torch.enable_grad() if with_grad else torch.no_grad()
             self.model.train(with_grad)
             try:
-                with grad, self._last_hidden(prompt_len - 1) as hidden:
+                with grad, self._last_hidden(prompt_len - 1, inputs["input_ids"]) as hidden:
                     out = self.model(**full, use_cache=False, logits_to_keep=resp.shape[1] + 1)
-                    values = self._value(hidden[0])
+                    values = self._value(*hidden[0])
                     logits = out.logits[:, :-1].float()  # position P-1+t predicts token t
                     logp, ent = self._token_stats(logits, resp, temperature)
             finally:
@@ -365,16 +383,26 @@ class Policy:
         return logp, ent
 
     @contextmanager
-    def _last_hidden(self, position: int) -> Iterator[list[torch.Tensor]]:
-        """Capture the LM's last-layer hidden state (final norm output) at `position`, first call.
+    def _last_hidden(
+        self, position: int, prompt_ids: torch.Tensor
+    ) -> Iterator[list[tuple[torch.Tensor, torch.Tensor | None]]]:
+        """Capture the LM's last-layer hidden state (final norm output) at `position`, first call,
+        and, for the image-reading value head, its mean over the prompt's image tokens.
 
         A hook instead of `output_hidden_states`, which would keep every layer of the prompt.
         """
-        captured: list[torch.Tensor] = []
+        captured: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        image = None
+        if self.value_kind == "mlp+image":
+            image = (prompt_ids == self._image_token).unsqueeze(-1)  # (B, P, 1)
 
         def hook(_m: nn.Module, _i: Any, output: torch.Tensor) -> None:
             if not captured:
-                captured.append(output[:, position])
+                pooled = None
+                if image is not None:  # mean over image positions: Σ h·m / Σ m
+                    m = image.to(output.dtype)
+                    pooled = (output[:, : m.shape[1]] * m).sum(1) / m.sum(1).clamp(min=1.0)
+                captured.append((output[:, position], pooled))
 
         handle = self._final_norm.register_forward_hook(hook)
         try:
@@ -382,8 +410,9 @@ class Policy:
         finally:
             handle.remove()
 
-    def _value(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.value_head(hidden.float()).squeeze(-1)  # (B,)
+    def _value(self, hidden: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+        x = hidden if image is None else torch.cat([hidden, image], dim=-1)  # (B, d) or (B, 2d)
+        return self.value_head(x.float()).squeeze(-1)  # (B,)
 
     # ---- helpers for the trainer --------------------------------------------------------------
 
@@ -436,7 +465,7 @@ class Policy:
         """Write adapter (or full weights) + value head + policy.json into `directory`."""
         return save_policy(self, Path(directory))
 
-    def load_weights(self, directory: str | Path) -> None:
-        """Load a folder written by `save` into this policy."""
+    def load_weights(self, directory: str | Path, value_head: bool = True) -> None:
+        """Load a folder written by `save` into this policy (value_head=False: keep our head)."""
         with self._lock:
-            load_policy_weights(self, Path(directory))
+            load_policy_weights(self, Path(directory), value_head)

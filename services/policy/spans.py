@@ -33,12 +33,18 @@ def token_spans(
 ) -> tuple[list[bool], list[bool], bool]:
     """(thought_mask, action_mask, has_action) for response tokens `ids`.
 
-    thought = tokens that end at or before the key's first character; action = the rest, EOS
-    excluded (so a token straddling the key counts as action). Without the key, every non-EOS
-    token is thought and none is action.
+    The split is at the LAST ``"action":`` (as the reference's last trigram match): a thought
+    that quotes the key, or an output that repeats it, keeps everything before the final one as
+    thought. thought = tokens that end at or before the key's first character; action = the
+    rest, EOS excluded (so a token straddling the key counts as action).
+
+    Without the key (the reference would score its last ~4 tokens as the action, a heuristic
+    that depends on the tokenizer), every non-EOS token is thought and none is action:
+    ``has_action=False``, so such an output moves only by λ·thought log-prob.
     """
     text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    match = ACTION_KEY.search(text)
+    matches = list(ACTION_KEY.finditer(text))
+    match = matches[-1] if matches else None
     not_eos = [t != eos_id for t in ids]
     if match is None:
         return not_eos, [False] * len(ids), False

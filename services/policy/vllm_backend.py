@@ -39,11 +39,44 @@ def serving_policy(
     return VllmPolicy(policy) if model_cfg.backend == "vllm" else policy
 
 
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def lora_rank_cap(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds a LoRA of `rank` (the paper's: 128)."""
+    for cap in VLLM_LORA_RANKS:
+        if cap >= rank:
+            return cap
+    raise ValueError(f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}, not {rank}")
+
+
+def generated_penalty(penalty: float) -> Any:
+    """A vLLM per-request logits processor: the repetition penalty over the output tokens only.
+
+    vLLM's own ``repetition_penalty`` counts the prompt as well; this one sees only
+    ``output_token_ids`` (vLLM's ``(output_token_ids, logits)`` logits-processor form)."""
+    import torch
+
+    from services.policy.heads import penalise
+
+    def process(output_token_ids: list[int], logits: Any) -> Any:
+        if not output_token_ids:
+            return logits
+        ids = torch.tensor([output_token_ids], device=logits.device)
+        return penalise(logits.unsqueeze(0), ids, penalty).squeeze(0)
+
+    return process
+
+
 class VllmPolicy:
     """A `Policy` whose `generate` runs on vLLM; everything else is delegated to the HF policy."""
 
     def __init__(
-        self, policy: Policy, *, gpu_memory_utilization: float = 0.3, max_lora_rank: int = 64
+        self,
+        policy: Policy,
+        *,
+        gpu_memory_utilization: float = 0.3,
+        max_lora_rank: int | None = None,
     ) -> None:
         try:
             from vllm import LLM
@@ -54,7 +87,8 @@ class VllmPolicy:
             model=str(policy.model_path),
             dtype="bfloat16",
             enable_lora=policy.lora is not None,
-            max_lora_rank=max_lora_rank,
+            # At least the policy's rank: vLLM refuses an adapter above it (paper: r = 128).
+            max_lora_rank=max_lora_rank or lora_rank_cap((policy.lora or {}).get("r", 8)),
             gpu_memory_utilization=gpu_memory_utilization,
             limit_mm_per_prompt={"image": 1},
             seed=0,
@@ -84,17 +118,23 @@ class VllmPolicy:
         top_p: float = 1.0,
         max_new_tokens: int = 64,
         repetition_penalty: float = 1.0,
+        repetition_scope: str = "generated",
         greedy: bool = False,
         seed: int | None = None,
     ) -> list[Generation]:
-        """Sample with vLLM, then score with the HF policy (same contract as `Policy.generate`)."""
+        """Sample with vLLM, then score with the HF policy (same contract as `Policy.generate`).
+
+        repetition_scope "generated" needs vLLM's per-request logits processors (the V0 engine,
+        ``VLLM_USE_V1=0``); "all" uses vLLM's built-in penalty, prompt included."""
         from vllm import SamplingParams
 
+        own = repetition_scope == "generated" and repetition_penalty != 1.0
         params = SamplingParams(
             temperature=0.0 if greedy else temperature,
             top_p=top_p,
             max_tokens=max_new_tokens,
-            repetition_penalty=repetition_penalty,
+            repetition_penalty=1.0 if own else repetition_penalty,
+            logits_processors=[generated_penalty(repetition_penalty)] if own else None,
             seed=seed,
             allowed_token_ids=self._allowed,
             stop_token_ids=[self.policy.eos_id],

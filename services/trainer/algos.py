@@ -8,6 +8,8 @@ Every loss is normalised by its own count (samples for PPO/value, tokens for SFT
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -126,3 +128,46 @@ def explained_variance(values: Tensor, returns: Tensor) -> Tensor:
     if var_returns == 0:
         return torch.tensor(float("nan"))
     return 1.0 - (returns - values).var(unbiased=False) / var_returns
+
+
+# ---- switchable departures from the reference (docs/fidelity.md) ------------------------------
+
+
+def ppo_clip_loss_reference(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip: float, max_ratio: float = 10.0
+) -> tuple[Tensor, Tensor]:
+    """RL4VLM/GTR's rule: if any ρ > max_ratio, L = −mean clip(ρ, 1±ε)·Â, else the usual min."""
+    # Shapes (B,). The log-ratio cap at 20 only keeps exp finite (a ratio of inf would make the
+    # clipped term's zero gradient 0·inf = NaN); any ratio that large triggers the rule anyway.
+    ratio = (logprobs - old_logprobs).clamp(max=20.0).exp()
+    surr1 = ratio * advantages
+    surr2 = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
+    if bool((ratio > max_ratio).any()):
+        return -surr2.mean(), ratio
+    return -torch.min(surr1, surr2).mean(), ratio
+
+
+def cosine_weight(coef: float, update_idx: int, num_updates: int) -> float:
+    """w_k = coef·½·(1 + cos(π·k/K)): coef at k = 0, 0 at k = K (the annealed-SFT ablation)."""
+    k = min(max(update_idx, 0), num_updates)
+    return coef * 0.5 * (1.0 + math.cos(math.pi * k / max(num_updates, 1)))
+
+
+def judge_bonus(correct: Tensor, coef: float) -> Tensor:
+    """VLM-as-judge reward term: r_t += coef·1[corrector's verdict on step t is 'correct']."""
+    # correct: (T, E) 0/1; a step without a verdict (malformed output, failed call) gets 0.
+    return coef * correct.to(torch.float32)
+
+
+def length_bonus(thought_tokens: Tensor, max_new_tokens: int, coef: float) -> Tensor:
+    """Thought-length reward term: r_t += coef·(thought tokens_t / max_new_tokens), in [0, coef]."""
+    return coef * thought_tokens.to(torch.float32) / max(max_new_tokens, 1)
+
+
+def dagger_sft_scale(labelled: int, drawn: int) -> float:
+    """Weight of the SFT term when only `labelled` of `drawn` DAgger draws carry a correction.
+
+    The reference pairs each PPO sample with one draw over all steps and adds CE only for a
+    labelled one, so a minibatch's SFT gradient is (1/B)·Σ_labelled CE_i ≈ (k/B)·mean CE.
+    """
+    return labelled / drawn if drawn > 0 else 0.0

@@ -55,11 +55,13 @@ def blob_image_loader() -> ImageLoader:
 def make_scheduler(
     optimizer: torch.optim.Optimizer, cfg: TrainConfig
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """Cosine from lr to lr_min over num_updates, or constant; stepped once per update."""
+    """Cosine from lr to lr_min over lr_schedule_updates (else num_updates), or constant;
+    stepped once per update. The reference fixes T_max at 25 whatever the run's length."""
     if cfg.lr_schedule == "constant":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    period = cfg.lr_schedule_updates or cfg.num_updates
     return torch.optim.lr_scheduler.CosineAnnealingLR(
-        optimizer, T_max=max(1, cfg.num_updates), eta_min=cfg.lr_min
+        optimizer, T_max=max(1, period), eta_min=cfg.lr_min
     )
 
 
@@ -79,7 +81,8 @@ class Trainer:
         if algorithm not in ("gtr", "rl4vlm", "sft_only"):
             raise ValueError(f"algorithm must be gtr, rl4vlm or sft_only, got {algorithm!r}")
         self.policy, self.cfg, self.algorithm = policy, train, algorithm
-        self.temperature = (generation or GenerationConfig()).temperature
+        gen = generation or GenerationConfig()
+        self.temperature, self.max_new_tokens = gen.temperature, gen.max_new_tokens
         self.params = _unique(policy.trainable_parameters())
         head = {id(p) for p in getattr(policy, "value_head", torch.nn.Module()).parameters()}
         groups: list[dict[str, Any]] = [
@@ -95,23 +98,40 @@ class Trainer:
         self._sft_grads: list[Tensor | None] | None = None
         self.scheduler = make_scheduler(self.optimizer, train)
         self.update_idx = -1  # index of the last finished update; -1 = none yet
-        self.rng = np.random.default_rng(seed)
-        self.torch_gen = torch.Generator().manual_seed(seed)
         self.accelerator = accelerator
+        # The minibatch permutation must be the same on every rank (each takes its share of it);
+        # the DAgger draws must not be, or every rank trains on the same SFT examples.
+        rank = self._rank_world()[0]
+        self.rng = np.random.default_rng(seed if rank == 0 else [seed, rank])
+        self.torch_gen = torch.Generator().manual_seed(seed)
         self.device = torch.device(getattr(policy, "device", "cpu"))
         self.image_loader = image_loader or blob_image_loader()
         self._images: dict[str, Any] = {}
         self._targets: dict[int, tuple[list[int], list[int]]] = {}
+        self.reward_terms: dict[str, float] = {}  # the extra reward terms of the last update
 
     # ---- stages ------------------------------------------------------------------------------
 
-    def compute_advantages(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
-        """GAE over (T, E), the format bonus on the returns, normalised advantages; both (N,)."""
+    def compute_advantages(
+        self, rollout: Rollout, judged_correct: np.ndarray | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """GAE over (T, E), the format bonus on the returns, normalised advantages; both (N,).
+
+        judged_correct (N,) 0/1: the corrector's verdicts, for the VLM-as-judge reward term."""
         t, e = rollout.num_steps, rollout.num_envs
         as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
         values = as_te(rollout.values)
+        rewards = as_te(rollout.rewards)
+        self.reward_terms = {}
+        if self.cfg.length_reward:
+            n_thought = rollout.thought_mask.sum(axis=1)
+            term = algos.length_bonus(as_te(n_thought), self.max_new_tokens, self.cfg.length_reward)
+            rewards, self.reward_terms["reward/length"] = rewards + term, float(term.mean())
+        if self.cfg.judge_reward and judged_correct is not None:
+            term = algos.judge_bonus(as_te(judged_correct), self.cfg.judge_reward)
+            rewards, self.reward_terms["reward/judge"] = rewards + term, float(term.mean())
         _, returns = algos.compute_gae(
-            as_te(rollout.rewards),
+            rewards,
             values,
             as_te(rollout.dones),
             torch.as_tensor(rollout.last_values, dtype=torch.float32),
@@ -171,7 +191,12 @@ class Trainer:
         logp = algos.sequence_logprob(
             lp, b.thought_mask * valid, b.action_mask * valid, self.cfg.thought_coef, b.eos_mask
         )
-        pg, ratio = algos.ppo_clip_loss(logp, b.old_logprobs, b.advantages, self.cfg.clip)
+        clip_loss = (
+            algos.ppo_clip_loss_reference
+            if self.cfg.ratio_guard == "reference"
+            else algos.ppo_clip_loss
+        )
+        pg, ratio = clip_loss(logp, b.old_logprobs, b.advantages, self.cfg.clip)
         vloss = algos.value_loss(out.values.float(), b.old_values, b.returns, self.cfg.value_clip)
         with torch.no_grad():
             stats = {
@@ -223,11 +248,17 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
 
-    def update(self, rollout: Rollout, buffer: DaggerBuffer | None = None) -> dict[str, float]:
+    def update(
+        self,
+        rollout: Rollout,
+        buffer: DaggerBuffer | None = None,
+        judged_correct: np.ndarray | None = None,
+    ) -> dict[str, float]:
         """One PPO update (ppo_epochs × minibatches, grad accumulation); returns its metrics."""
         use_ppo = self.algorithm in ("gtr", "rl4vlm")
         use_sft = self.algorithm in ("gtr", "sft_only") and buffer is not None and len(buffer) > 0
-        adv, ret = self.compute_advantages(rollout)
+        adv, ret = self.compute_advantages(rollout, judged_correct)
+        sft_coef = self.sft_weight()
         lr = self.optimizer.param_groups[0]["lr"]
         stats: dict[str, list[float]] = {}
         micro = 0
@@ -237,14 +268,15 @@ class Trainer:
                 if use_ppo:
                     ppo, s = self.ppo_loss(rollout, batch)
                     loss, stats = loss + ppo, _append(stats, s)
-                if use_sft:
-                    examples = buffer.sample(len(batch.idx), self.rng)  # type: ignore[union-attr]
+                examples, scale = self.draw_sft(buffer, len(batch.idx)) if use_sft else ([], 0.0)
+                if examples:
                     sft, s = self.sft_loss(examples)
                     stats = _append(stats, s)
+                    weight = sft_coef * scale
                     if self.cfg.clip_per_loss and use_ppo:
-                        self._accumulate_sft(self.cfg.sft_coef * sft / self.cfg.grad_accum)
+                        self._accumulate_sft(weight * sft / self.cfg.grad_accum)
                     else:
-                        loss = loss + self.cfg.sft_coef * sft
+                        loss = loss + weight * sft
                 if loss.requires_grad:
                     self._backward(loss / self.cfg.grad_accum)
                 micro += 1
@@ -258,11 +290,29 @@ class Trainer:
         returns_t, values_t = ret.cpu(), torch.as_tensor(rollout.values, dtype=torch.float32)
         metrics |= {
             "lr": lr,
+            "sft_coef": sft_coef if use_sft else 0.0,
+            **self.reward_terms,
             "explained_variance": _finite(algos.explained_variance(values_t, returns_t).item()),
             "sft_samples": float(len(buffer) if use_sft and buffer is not None else 0),
             "returns_mean": float(returns_t.mean()),
         }
         return metrics
+
+    def sft_weight(self) -> float:
+        """The SFT weight of the coming update: sft_coef, or its cosine annealing (ablation)."""
+        if self.cfg.sft_schedule == "cosine":
+            return algos.cosine_weight(self.cfg.sft_coef, self.update_idx + 1, self.cfg.num_updates)
+        return self.cfg.sft_coef
+
+    def draw_sft(self, buffer: Any, n: int) -> tuple[list[SftExample], float]:
+        """SFT examples for a minibatch of n PPO samples, and the SFT term's scale.
+
+        labelled: n corrections, scale 1. reference: n draws over every recorded step, only the
+        labelled ones kept, scale k/n (the SFT gradient of GTR's per-sample loop)."""
+        if self.cfg.dagger == "reference":
+            examples = buffer.sample_reference(n, self.rng)
+            return examples, algos.dagger_sft_scale(len(examples), n)
+        return buffer.sample(n, self.rng), 1.0
 
     # ---- helpers -----------------------------------------------------------------------------
 

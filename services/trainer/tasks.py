@@ -86,7 +86,7 @@ def run_update(
         return {"skipped": True}
     state = _catch_up(session, run_id, update_idx, accelerator)
     state.buffer.refresh(session)
-    metrics = state.trainer.update(load_rollout(row), state.buffer)
+    metrics = _train(session, state, load_rollout(row))
     cfg = state.config.train
     if main and (update_idx % cfg.checkpoint_every == 0 or update_idx >= cfg.num_updates - 1):
         ckpt = save_checkpoint(session, state.trainer, run_id)
@@ -139,8 +139,18 @@ def _catch_up(session: Session, run_id: int, update_idx: int, accelerator: Any =
     for k in range(ckpt.update_idx + 1, update_idx):
         log.info("run %s: replaying update %s", run_id, k)
         state.buffer.refresh(session)
-        state.trainer.update(load_rollout(_update_row(session, run_id, k)), state.buffer)
+        _train(session, state, load_rollout(_update_row(session, run_id, k)))
     return state
+
+
+def _train(session: Session, state: RunState, rollout: Rollout) -> dict[str, Any]:
+    """One trainer update on a rollout, with the corrector's verdicts when a reward needs them."""
+    from services.trainer.buffer import judged_correct
+
+    judged = None
+    if state.config.train.judge_reward:
+        judged = judged_correct(session, rollout.step_ids)
+    return dict(state.trainer.update(rollout, state.buffer, judged))
 
 
 def _run_config(session: Session, run_id: int) -> RunConfig:
@@ -165,7 +175,8 @@ def _build_state(
     trainer = Trainer(
         policy, cfg.train, cfg.algorithm, cfg.generation, seed=cfg.seed, accelerator=accelerator
     )
-    return RunState(trainer, DaggerBuffer(run_id, cfg.train.dagger_sampling), cfg)
+    buffer = DaggerBuffer(run_id, cfg.train.dagger_sampling, cfg.train.sft_target)
+    return RunState(trainer, buffer, cfg)
 
 
 def forget_run(run_id: int) -> None:

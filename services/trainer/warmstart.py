@@ -283,9 +283,10 @@ def init_policy(
     given = Path(init.checkpoint) if init.kind == "checkpoint" and init.checkpoint else None
     if given is not None and not (given / "config.json").exists():
         # A policy checkpoint: its weights go onto the base model it was trained from.
-        base = Path(read_checkpoint_meta(given)["base_model"])
-        policy = Policy.from_config(model, base, seed=cfg.seed)
-        policy.load_weights(given)
+        meta = read_checkpoint_meta(given)
+        policy = Policy.from_config(model, Path(meta["base_model"]), seed=cfg.seed)
+        # Another value-head kind than the checkpoint's: the run's head starts fresh (at 0).
+        policy.load_weights(given, value_head=meta.get("value_head", "linear") == model.value_head)
         return policy, {}
     base = given or base_model_path(model, cfg.task)
     if init.kind != "warm_start":

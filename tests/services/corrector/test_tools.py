@@ -1,4 +1,5 @@
-"""Points24: tool calling with the solver, several rounds, and the inlined answer without tools."""
+"""Points24: tool calling with the solver, several rounds, the answer inlined for an endpoint
+that refuses tools, and no solver at all with tools off (the no-tool ablation)."""
 
 from __future__ import annotations
 
@@ -71,13 +72,16 @@ def test_several_tool_rounds_then_a_tool_less_final_call(fake_openai: FakeOpenAI
     assert bodies[1]["messages"][-1]["content"].startswith("error: bad arguments")
 
 
-def test_without_tools_the_solvers_answer_is_inlined(fake_openai: FakeOpenAI) -> None:
+def test_tools_off_is_a_corrector_without_the_solver(fake_openai: FakeOpenAI) -> None:
+    # The paper's no-tool ablation: no tool offered, no solver answer pasted, no tool named.
     fake_openai.then(chat(_final("(10+2)*(4-1)")))
     corrector = OpenAICorrector(fake_openai.url, "m", None, {"tools": False})
     corrector.correct(_request({"cards": [13, 4, 2, 1], "formula": []}))
     body = fake_openai.requests[0]["json"]
+    text = body["messages"][1]["content"][0]["text"]
     assert "tools" not in body
-    assert solve_text([10, 4, 2, 1]) in body["messages"][1]["content"][0]["text"]
+    assert solve_text([10, 4, 2, 1]).split("\n")[0] not in text and TOOL_NAME not in text
+    assert "[Target Formula] 'NOT DETERMINED'" in text and "work out a formula" in text
 
 
 @pytest.mark.parametrize(
