@@ -1,5 +1,6 @@
-"""gtr_grpo with the self-teacher corrector, and gtr_turbo_kl, as whole (tiny) embedded runs:
-the controller, envs, policy, corrections and trainer in this process, on the test database."""
+"""gtr_grpo with the self-teacher corrector, and gtr_turbo_kl, as whole (tiny) runs: the
+controller, envs, policy and trainer in this process, on the test database; the self-teacher
+serves the corrections from a real Celery corrector worker (its own process, on Redis)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import pytest
 from sqlalchemy import select
 
 from services.api.service import create_run
-from services.controller.backends import InProcessPolicy, InProcessTrainer, ThreadCorrections
+from services.controller.backends import CeleryCorrections, InProcessPolicy, InProcessTrainer
 from services.controller.service import RunDriver
 from services.env import EnvPool
 from shared.db.models import Checkpoint, Correction, Episode, Step, Update
 from shared.db.session import session_scope
+from shared.queues import QUEUE_CORRECTOR, celery_app
 from shared.schemas import RunConfig
-from shared.settings import get_settings
+from tests.conftest import celery_worker
 from tests.e2e.helpers import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -25,12 +27,7 @@ pytestmark = pytest.mark.slow
 def _run(cfg: RunConfig, corrections: bool) -> int:
     with session_scope() as s:
         run_id = create_run(s, cfg, "turbo-test").id
-    c = cfg.corrector
-    pool = (
-        ThreadCorrections(c.name, c.noise, cfg.seed, get_settings(), workers=2, run_id=run_id)
-        if corrections
-        else None
-    )
+    pool = CeleryCorrections(cfg.corrector.name) if corrections else None
     driver = RunDriver(run_id, EnvPool(), InProcessPolicy(cfg.model), pool, InProcessTrainer())
     assert driver.run() == "completed"
     return run_id
@@ -48,7 +45,7 @@ def _config(checkpoint: Path, envs: int, steps: int, **extra: object) -> RunConf
 
 
 def test_gtr_grpo_with_the_self_teacher_and_gtr_turbo_kl(
-    pg_url: str, warm_checkpoint: Path
+    pg_url: str, redis_url: str, warm_checkpoint: Path
 ) -> None:
     # gtr_grpo: 4 envs in groups of 2, the self-teacher corrects (waited for before each update).
     cfg = _config(
@@ -60,7 +57,9 @@ def test_gtr_grpo_with_the_self_teacher_and_gtr_turbo_kl(
         train={"group_size": 2},
         corrector={"backend": "self_teacher"},
     )
-    run_id = _run(cfg, corrections=True)
+    celery_app.conf.broker_url = celery_app.conf.result_backend = redis_url
+    with celery_worker(QUEUE_CORRECTOR):
+        run_id = _run(cfg, corrections=True)
     with session_scope() as s:
         metrics = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
         # 4 envs x 4 steps, episodes of at most 2 steps: at least 2 groups (group, k) each.
