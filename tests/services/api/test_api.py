@@ -180,17 +180,25 @@ def test_security_headers(base_url: str) -> None:
 
 
 def test_grpo_and_self_teacher_configs_over_rest(client: httpx.Client) -> None:
-    ok = {**CONFIG, "algorithm": "gtr_grpo", "train": {**CONFIG["train"], "group_size": 2},
-          "corrector": {"backend": "self_teacher"}}
+    ok = {
+        **CONFIG,
+        "algorithm": "gtr_grpo",
+        "train": {**CONFIG["train"], "group_size": 2},
+        "corrector": {"backend": "self_teacher"},
+    }
     r = client.post("/api/runs", json=ok)
     assert r.status_code == 201, r.text
     assert r.json()["config"]["corrector"]["name"] == "self_teacher"
     before = _count_runs()
     for body, words in (
-        ({**CONFIG, "algorithm": "grpo", "train": {**CONFIG["train"], "group_size": 4}},
-         "group_size"),
-        ({**CONFIG, "corrector": {"backend": "self_teacher", "name": "<script>gpt"}},
-         "self_teacher"),
+        (
+            {**CONFIG, "algorithm": "grpo", "train": {**CONFIG["train"], "group_size": 4}},
+            "group_size",
+        ),
+        (
+            {**CONFIG, "corrector": {"backend": "self_teacher", "name": "<script>gpt"}},
+            "self_teacher",
+        ),
         ({**CONFIG, "teacher": {"density": 0}}, "density"),
     ):
         r = client.post("/api/runs", json=body)
