@@ -15,8 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from shared.payload import check_free_form, check_storable
 
 Task = Literal["numberline", "ezpoints", "points24", "blackjack", "alfworld"]
-Algorithm = Literal["gtr", "rl4vlm", "sft_only"]
+Algorithm = Literal["gtr", "rl4vlm", "sft_only", "grpo", "gtr_grpo", "gtr_turbo_kl"]
+# Algorithms whose advantage is group-relative (no value loss): envs run in groups of one deal.
+GROUP_ALGORITHMS: tuple[str, ...] = ("grpo", "gtr_grpo")
+# Algorithms that use no corrector (the controller queues no corrections for them).
+NO_CORRECTOR_ALGORITHMS: tuple[str, ...] = ("rl4vlm", "grpo", "gtr_turbo_kl")
+# Tasks whose k-th episode is the same deal in every session of one seed (the deal is the only
+# use of the env's random stream), so groups of same-seed sessions are exact start-state groups.
+GROUP_TASKS: tuple[str, ...] = ("numberline", "ezpoints", "points24")
 TASKS: tuple[str, ...] = ("numberline", "ezpoints", "points24", "blackjack", "alfworld")
+SELF_TEACHER = "self_teacher"  # the built-in corrector name of the merged-checkpoint teacher
 
 
 class _Strict(BaseModel):
@@ -221,6 +229,20 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(
         1, ge=1, le=10_000, description="Save a checkpoint every N updates"
     )
+    group_size: int = Field(
+        4,
+        ge=2,
+        le=256,
+        description="grpo/gtr_grpo: G envs per group share each deal; num_envs must be a multiple",
+    )
+    group_std: bool = Field(
+        True,
+        description="grpo: divide (R - mean) by the group's std (GRPO); False = mean only "
+        "(Dr. GRPO)",
+    )
+    group_eps: float = Field(
+        1e-6, gt=0, le=1, description="grpo: epsilon in (R - mean) / (std + eps)"
+    )
 
 
 class CorrectorConfig(_Strict):
@@ -249,6 +271,53 @@ class CorrectorConfig(_Strict):
         description="Points games, wait = step: a verdict 'no solution possible' ends the "
         "episode with reward -1, and the corrector's target formula is kept for the episode "
         "(GTR's loop)",
+    )
+    backend: Literal["named", "self_teacher"] = Field(
+        "named",
+        description="named: the corrector `name`; self_teacher: the run's merged checkpoints "
+        "(GTR-Turbo, [teacher] settings), recorded as corrector 'self_teacher'",
+    )
+
+    @model_validator(mode="after")
+    def _self_teacher(self) -> CorrectorConfig:
+        # One name everywhere downstream (rows, sweeps, workers): the backend implies it.
+        if self.backend == "self_teacher" or self.name == SELF_TEACHER:
+            if self.name not in ("oracle", SELF_TEACHER):
+                raise ValueError(
+                    f"corrector.name {self.name!r} conflicts with backend 'self_teacher'"
+                )
+            self.name, self.backend = SELF_TEACHER, "self_teacher"
+        return self
+
+
+class TeacherConfig(_Strict):
+    """The self-teacher (GTR-Turbo): a TIES merge of the run's own latest checkpoints."""
+
+    keep_last: int = Field(
+        4, ge=1, le=64, description="k: merge the run's last k checkpoints (update >= 0)"
+    )
+    density: float = Field(
+        0.8, gt=0, le=1, description="TIES trim: share of each delta's largest entries kept"
+    )
+    sign_rule: Literal["total", "frequency"] = Field(
+        "total", description="TIES sign election: by total mass (paper) or by count"
+    )
+    merge_every: int = Field(
+        1, ge=1, le=10_000, description="m: re-merge once the newest checkpoint is m updates newer"
+    )
+    lora_merge: Literal["ties", "ties_svd"] = Field(
+        "ties",
+        description="LoRA runs: peft's TIES on the A/B factors (GTR-Turbo's code) or on the "
+        "full deltas B·A, refactored by SVD",
+    )
+    kl_coef: float = Field(
+        1.0, ge=0, le=100, description="gtr_turbo_kl: weight of the thought-token KL penalty"
+    )
+    kl_clip: float = Field(
+        10.0, gt=0, le=1000, description="gtr_turbo_kl: per-token log-ratio clamped to [0, clip]"
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=2048, description="Self-teacher corrector: output cap; None = generation's"
     )
 
 
@@ -280,7 +349,10 @@ class RunConfig(_Strict):
     name: str = Field("run", min_length=1, max_length=200, description="Human name of the run")
     task: Task = Field(description="numberline | ezpoints | points24 | blackjack | alfworld")
     algorithm: Algorithm = Field(
-        "gtr", description="gtr = PPO + thought SFT; rl4vlm = PPO only; sft_only = thought SFT only"
+        "gtr",
+        description="gtr = PPO + thought SFT; rl4vlm = PPO only; sft_only = thought SFT only; "
+        "grpo = group-relative advantages, no value loss; gtr_grpo = grpo + thought SFT; "
+        "gtr_turbo_kl = PPO + KL to the merged self-teacher on thought tokens",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds envs, sampling and init")
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -289,6 +361,7 @@ class RunConfig(_Strict):
     init: InitConfig = Field(default_factory=InitConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     corrector: CorrectorConfig = Field(default_factory=CorrectorConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="before")
@@ -312,6 +385,17 @@ class RunConfig(_Strict):
                 "train.judge_reward needs corrector.wait = 'update' or 'step': the verdicts "
                 "must be in before the update"
             )
+        if self.algorithm in GROUP_ALGORITHMS:
+            if self.train.num_envs % self.train.group_size:
+                raise ValueError(
+                    f"train.num_envs ({self.train.num_envs}) must be a multiple of "
+                    f"train.group_size ({self.train.group_size}) for {self.algorithm}"
+                )
+            if self.task not in GROUP_TASKS:
+                raise ValueError(
+                    f"{self.algorithm} needs exact start-state groups: task must be one of "
+                    f"{', '.join(GROUP_TASKS)}"
+                )
         if self.total_env_steps > 50_000_000:
             raise ValueError(
                 "train: num_envs x num_steps x num_updates exceeds 50,000,000 env steps"
@@ -321,8 +405,8 @@ class RunConfig(_Strict):
     @property
     def uses_corrector(self) -> bool:
         """Whether steps go to the corrector: for the SFT term, or for the judge reward (which
-        an rl4vlm run may take: the paper's VLM-as-judge baseline is PPO on it)."""
-        return self.algorithm != "rl4vlm" or self.train.judge_reward > 0
+        an rl4vlm or grpo run may take: the paper's VLM-as-judge baseline is PPO on it)."""
+        return self.algorithm not in NO_CORRECTOR_ALGORITHMS or self.train.judge_reward > 0
 
     @property
     def total_env_steps(self) -> int:

@@ -218,12 +218,20 @@ class ThreadCorrections:
     """Embedded: corrections run on a thread pool while the rollout goes on."""
 
     def __init__(
-        self, corrector_name: str, noise: float, seed: int, settings: Settings, workers: int = 8
+        self,
+        corrector_name: str,
+        noise: float,
+        seed: int,
+        settings: Settings,
+        workers: int = 8,
+        run_id: int | None = None,
     ) -> None:
         from services.corrector.service import build_corrector
 
         with session_scope() as s:
-            self.corrector = build_corrector(corrector_name, s, settings, noise=noise, seed=seed)
+            self.corrector = build_corrector(
+                corrector_name, s, settings, noise=noise, seed=seed, run_id=run_id
+            )
         self.name = corrector_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="corrector")
 

@@ -27,7 +27,7 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger("gtr.controller")
 
 
-def backends(cfg: RunConfig, settings: Settings) -> dict[str, Any]:
+def backends(cfg: RunConfig, settings: Settings, run_id: int | None = None) -> dict[str, Any]:
     """Network clients where a service URL / Redis is configured, in-process objects otherwise."""
     if settings.env_service_url:
         from services.env.client import EnvClient
@@ -47,7 +47,9 @@ def backends(cfg: RunConfig, settings: Settings) -> dict[str, Any]:
         corrections: Any = CeleryCorrections(cfg.corrector.name)
         trainer: Any = CeleryTrainer(lost_after_s=settings.trainer_lost_after_s)
     else:
-        corrections = ThreadCorrections(cfg.corrector.name, cfg.corrector.noise, cfg.seed, settings)
+        corrections = ThreadCorrections(
+            cfg.corrector.name, cfg.corrector.noise, cfg.seed, settings, run_id=run_id
+        )
         trainer = InProcessTrainer()
     if not cfg.uses_corrector:
         corrections = None
@@ -154,7 +156,7 @@ def drive(run_id: int, settings: Settings | None = None, on_progress: Any = None
         cfg = RunConfig.model_validate(run.config)
     try:
         check_services(settings)
-        parts = backends(cfg, settings)
+        parts = backends(cfg, settings, run_id)
     except Exception as e:  # a run that cannot start ends failed, with the reason shown in the API
         return fail_run(
             run_id, str(e) if isinstance(e, ServiceDown) else f"{type(e).__name__}: {e}"

@@ -99,3 +99,18 @@ def discard_after(session: Session, run_id: int, update_idx: int) -> int:
         .values(finished=True, success=None, meta={"abandoned": True})
     )
     return int(n or 0)
+
+
+def abandon_episodes(session: Session, cursors: list[EpisodeCursor]) -> None:
+    """Episodes cut off on purpose (grpo restarts its env groups every rollout): one with steps
+    is closed as unfinished and marked abandoned; one that never got a step is dropped."""
+    empty = [c.episode_id for c in cursors if c.length == 0]
+    cut = [c.episode_id for c in cursors if c.length > 0]
+    if empty:
+        session.execute(delete(Episode).where(Episode.id.in_(empty)))
+    if cut:
+        session.execute(
+            update(Episode)
+            .where(Episode.id.in_(cut))
+            .values(finished=True, success=None, meta={"abandoned": True})
+        )

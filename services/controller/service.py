@@ -37,6 +37,7 @@ from services.controller.backends import (
 from services.controller.evaluate import evaluate, greedy_generate
 from services.controller.recorder import (
     EpisodeCursor,
+    abandon_episodes,
     close_episode,
     discard_after,
     open_episode,
@@ -46,7 +47,7 @@ from services.controller.writer import FrameShas, StepRecord, WritePipeline, rec
 from shared.db.models import Correction, Run, Step, Update, utcnow
 from shared.db.session import session_scope
 from shared.rollout import Rollout
-from shared.schemas import RunConfig
+from shared.schemas import GROUP_ALGORITHMS, RunConfig
 from shared.storage import blob_store
 
 log = logging.getLogger("gtr.controller")
@@ -135,6 +136,7 @@ class RunDriver:
         self.clock = StageClock()  # the current rollout's time per stage
         self.frames = FrameShas(self.blobs)
         self.cancel_seen = False  # the recorder thread saw the run's cancel flag
+        self._envs_update = -1  # the update whose seeds the open env sessions have
         self.sweep: CorrectionSweep | None = None
         if corrections is not None and self.cfg.uses_corrector:
             c = self.cfg.corrector
@@ -312,6 +314,8 @@ class RunDriver:
         """``num_steps`` batched env steps. Each step's rows are written, and its well-formed steps
         queued for correction, on the recorder thread while the next step generates."""
         ro = _Rollout()
+        if self.cfg.algorithm in GROUP_ALGORITHMS and self._envs_update != u:
+            self._regroup(u)
         gen = self.cfg.generation
         clock = self.clock = StageClock()
         with WritePipeline() as writer:
@@ -511,15 +515,27 @@ class RunDriver:
     # ---- envs, probe, metrics -------------------------------------------------------------
 
     def _open_envs(self, u: int) -> None:
+        # grpo: the G envs of a group share a seed, so their k-th episodes are the same deal.
+        per = self.cfg.train.group_size if self.cfg.algorithm in GROUP_ALGORITHMS else 1
+        self._envs_update = u
         with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
                 sid = self.envs.create(
-                    self.cfg.task, self.cfg.env, seed=(self.cfg.seed * 1000 + u) * 1000 + e
+                    self.cfg.task, self.cfg.env, seed=(self.cfg.seed * 1000 + u) * 1000 + e // per
                 )
                 self.sessions.append(sid)
                 self.obs.append(self.envs.reset(sid))
                 self.cursors.append(open_episode(s, self.run_id, e, self._next_seq(s, e), u))
+
+    def _regroup(self, u: int) -> None:
+        """grpo: every rollout starts fresh groups (same deal within a group, new deals per
+        update); the episodes still running are cut off (their steps train nothing)."""
+        with session_scope() as s:
+            abandon_episodes(s, self.cursors)
+        self._close_envs()
+        self.obs, self.cursors = [], []
+        self._open_envs(u)
 
     def _next_seq(self, s: Session, e: int) -> int:
         from shared.db.models import Episode

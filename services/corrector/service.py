@@ -25,7 +25,7 @@ from services.corrector.resilience import Budget, BudgetExceeded
 from services.corrector.spend import run_budget
 from shared.db import models
 from shared.db.models import utcnow
-from shared.schemas import CorrectionRequest
+from shared.schemas import SELF_TEACHER, CorrectionRequest
 from shared.settings import Settings
 from shared.storage import BlobStore, blob_store
 
@@ -53,11 +53,15 @@ def build_corrector(
     seed: int = 0,
     budget: Budget | None = None,
     team: str | None = None,
+    run_id: int | None = None,
 ) -> Corrector:
-    """'oracle' (built in) or a registered corrector, by name; with `team` (the run's), only
-    one of that team's or a shared one: another team's key never serves this team's steps."""
+    """'oracle' or 'self_teacher' (built in; the latter serves run ``run_id``) or a registered
+    corrector, by name; with `team` (the run's), only one of that team's or a shared one:
+    another team's key never serves this team's steps."""
     if name == ORACLE:
         return OracleCorrector(noise=noise, seed=seed)
+    if name == SELF_TEACHER:
+        return _self_teacher(session, run_id)
     row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
     if row is None:
         raise CorrectorError("config", f"no corrector named '{name}' is registered")
@@ -69,6 +73,14 @@ def build_corrector(
 def usable_by(row: models.Corrector, team: str) -> bool:
     """A run may use its own team's correctors and those an admin marked shared."""
     return row.team == team or bool(row.shared)
+def _self_teacher(session: Session, run_id: int | None) -> Corrector:
+    from services.corrector.self_teacher import SelfTeacherCorrector
+    from shared.schemas import RunConfig
+
+    run = session.get(models.Run, run_id) if run_id is not None else None
+    if run is None:
+        raise CorrectorError("config", "the self_teacher corrector serves one run: none given")
+    return SelfTeacherCorrector(run.id, RunConfig.model_validate(run.config))
 
 
 def corrector_from_row(

@@ -15,6 +15,7 @@ from services.corrector.service import ORACLE, build_corrector, record_correctio
 from shared.db import models
 from shared.db.session import session_scope
 from shared.queues import TASK_CORRECT, celery_app
+from shared.schemas import SELF_TEACHER
 from shared.settings import get_settings
 
 # One corrector per registry row version and run: keeps its semaphore, breaker and clients warm.
@@ -27,6 +28,8 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     noise, seed = float(cfg.get("noise", 0.0)), int((run.config or {}).get("seed", 0)) if run else 0
     team = run.team if run else None
     key_parts: list[Any] = [name, noise, seed, team]
+    if name == SELF_TEACHER:
+        return _self_teacher(session, run)
     if name != ORACLE:
         row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
         if row is not None:
@@ -69,6 +72,23 @@ def correct(step_id: int, corrector_name: str) -> dict[str, Any]:
             corrector = _Failing(e)
         row = record_correction(session, step_id, corrector_name, corrector)
         return {"step_id": step_id, "correction_id": row.id, "status": row.status}
+
+
+_TEACHERS: dict[int, Corrector] = {}  # run id -> its self-teacher (each holds a model)
+MAX_TEACHERS = 2
+
+
+def _self_teacher(session: Any, run: models.Run | None) -> Corrector:
+    """The run's self-teacher, cached per run; the oldest dropped past MAX_TEACHERS."""
+    run_id = run.id if run is not None else None
+    with _CACHE_LOCK:
+        if run_id is None or run_id not in _TEACHERS:
+            corrector = build_corrector(SELF_TEACHER, session, get_settings(), run_id=run_id)
+            assert run_id is not None  # build_corrector raised otherwise
+            while len(_TEACHERS) >= MAX_TEACHERS:
+                _TEACHERS.pop(next(iter(_TEACHERS)))
+            _TEACHERS[run_id] = corrector
+        return _TEACHERS[run_id]
 
 
 class _Failing:

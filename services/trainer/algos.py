@@ -171,3 +171,116 @@ def dagger_sft_scale(labelled: int, drawn: int) -> float:
     labelled one, so a minibatch's SFT gradient is (1/B)·Σ_labelled CE_i ≈ (k/B)·mean CE.
     """
     return labelled / drawn if drawn > 0 else 0.0
+# ---- group-relative advantages (GRPO; episode groups as verl-agent's GiGPO) -------------------
+
+
+def episode_returns(rewards: Tensor, dones: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per step: the undiscounted return of its episode, the episode's ordinal, completeness.
+
+    rewards, dones: (T, E), d_t = 1 when the episode ended after step t. Returns three (T, E)
+    tensors: R(t, e) = Σ r over every step of the episode holding step t (the whole episode, so
+    each of its steps carries the same trajectory return); k(t, e) = number of episode ends of
+    env e before step t (the episode's ordinal in the rollout); complete(t, e) = that episode
+    ended inside the rollout (an episode still running at step T has no return yet).
+    """
+    d = dones.to(torch.long)
+    # k_t = Σ_{s<t} d_s: exclusive cumulative sum along time.
+    ordinal = torch.cumsum(d, 0) - d
+    n_ends = d.sum(0, keepdim=True)  # (1, E)
+    complete = ordinal < n_ends
+    num_envs = rewards.shape[1]
+    # One bucket per (env, ordinal); T buckets per env are always enough.
+    bucket = ordinal + torch.arange(num_envs).unsqueeze(0) * rewards.shape[0]
+    totals = torch.zeros(rewards.shape[0] * num_envs, dtype=rewards.dtype)
+    totals.index_add_(0, bucket.reshape(-1), rewards.reshape(-1))
+    return totals[bucket], ordinal, complete
+
+
+def group_normalize(
+    returns: Tensor, group_ids: Tensor, eps: float = 1e-6, use_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Â_i = (R_i − mean_g R) / (std_g R + ε) within each group g; returns (Â, degenerate).
+
+    returns, group_ids: (M,), one entry per trajectory. std is the population std (ddof 0), so
+    a group of two with returns (1, 0) gets Â = ±1/(1/2 + ε)·1/2 ≈ ±1. use_std=False gives
+    Dr. GRPO's R − mean. A degenerate group — all returns equal (within 1e-8) or a single
+    member — has no relative signal: its Â is 0 (no policy gradient) and degenerate[i] is True.
+    """
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    g = int(inv.max()) + 1 if inv.numel() else 0
+    count = torch.zeros(g, dtype=returns.dtype).index_add_(0, inv, torch.ones_like(returns))
+    mean = torch.zeros(g, dtype=returns.dtype).index_add_(0, inv, returns) / count
+    centred = returns - mean[inv]
+    var = torch.zeros(g, dtype=returns.dtype).index_add_(0, inv, centred**2) / count
+    hi = torch.full((g,), -math.inf, dtype=returns.dtype).scatter_reduce(0, inv, returns, "amax")
+    lo = torch.full((g,), math.inf, dtype=returns.dtype).scatter_reduce(0, inv, returns, "amin")
+    degenerate = ((hi - lo) <= 1e-8) | (count < 2)
+    adv = centred / (var.sqrt()[inv] + eps) if use_std else centred
+    adv = torch.where(degenerate[inv], torch.zeros_like(adv), adv)
+    return adv, degenerate[inv]
+
+
+def grpo_advantages(
+    rewards: Tensor, dones: Tensor, group_size: int, eps: float = 1e-6, use_std: bool = True
+) -> tuple[Tensor, dict[str, float]]:
+    """Episode-level group advantages broadcast to steps: (T, E) → Â (T, E) and counts.
+
+    Envs e = g·G .. g·G+G−1 form group g and their k-th episodes start from the same deal (the
+    controller gives a group's sessions one seed and restarts them every rollout), so the
+    trajectories of group (g, k) are the G rollouts of one start state. Every step of a complete
+    episode gets that episode's Â; steps of episodes still running at the rollout's end get 0.
+    """
+    ret, ordinal, complete = episode_returns(rewards, dones)
+    num_steps, num_envs = rewards.shape
+    env = torch.arange(num_envs).unsqueeze(0).expand(num_steps, num_envs)
+    # One row per complete episode: its first step (ordinal changes or t = 0) stands for it.
+    first = torch.ones_like(complete)
+    first[1:] = ordinal[1:] != ordinal[:-1]
+    pick = first & complete
+    group = (env // group_size) * num_steps + ordinal  # (group, ordinal) as one id
+    adv_ep, degenerate_ep = group_normalize(ret[pick], group[pick], eps, use_std)
+    # Broadcast each episode's Â back to all of its steps through its (env, ordinal) bucket.
+    bucket = env * num_steps + ordinal
+    per_bucket = torch.zeros(num_envs * num_steps, dtype=rewards.dtype)
+    per_bucket[bucket[pick]] = adv_ep
+    adv = torch.where(complete, per_bucket[bucket], torch.zeros_like(rewards))
+    groups = group[pick]
+    deg_groups = torch.unique(groups[degenerate_ep]).numel()
+    n_groups = torch.unique(groups).numel()
+    return adv, {
+        "grpo/groups": float(n_groups),
+        "grpo/degenerate_groups": float(deg_groups),
+        "grpo/degenerate_frac": deg_groups / n_groups if n_groups else 0.0,
+        "grpo/episodes": float(int(pick.sum())),
+        "grpo/incomplete_step_frac": float((~complete).to(torch.float32).mean()),
+    }
+
+
+# ---- GTR-Turbo: KL to the merged self-teacher on the agent's thought tokens -------------------
+
+
+def thought_kl_penalty(
+    agent_logprobs: Tensor, teacher_logprobs: Tensor, thought_mask: Tensor, clip: float = 10.0
+) -> Tensor:
+    """Per step: mean over thought tokens of clamp(log π_a(y) − log π_t(y), 0, clip): (B, L) → (B,).
+
+    The tokens y are the agent's own samples (y ~ π_a), so log π_a(y) − log π_t(y) is the
+    single-sample (k1) estimate of the reverse KL(π_a ‖ π_t) at that position; its mean over
+    the thought tokens is the step's penalty (GTR-Turbo's KL mode subtracts it from the return,
+    clamped to [0, 10] as its authors' code does). A step without thought tokens gets 0.
+    """
+    diff = (agent_logprobs - teacher_logprobs).clamp(0.0, clip)
+    return masked_mean(diff, thought_mask, -1)
+
+
+def reverse_kl(logp_agent: Tensor, logp_teacher: Tensor) -> Tensor:
+    """Exact per-position KL(π_a ‖ π_t) = Σ_v π_a(v)·(log π_a(v) − log π_t(v)): (B, L, V) → (B, L).
+
+    Entries where π_a(v) = 0 (suppressed tokens, log p = −inf in both) count as 0; they are
+    zeroed before the product so neither the value nor the gradient sees −inf − (−inf).
+    """
+    p = logp_agent.exp()
+    live = p > 0
+    a = torch.where(live, logp_agent, torch.zeros_like(logp_agent))
+    t = torch.where(live, logp_teacher, torch.zeros_like(logp_teacher))
+    return (p * (a - t)).sum(-1)

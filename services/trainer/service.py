@@ -3,7 +3,9 @@
 ``Trainer`` is a plain object holding the policy, one optimiser over the trainable parameters
 (LoRA or the full model, plus the value head), the LR schedule and the RNGs. ``update`` runs one
 PPO update on a ``Rollout``; ``algorithm`` picks the loss terms of the same loop:
-gtr = PPO + SFT, rl4vlm = PPO only, sft_only = SFT only.
+gtr = PPO + SFT, rl4vlm = PPO only, sft_only = SFT only; grpo / gtr_grpo take group-relative
+advantages and drop the value loss (gtr_grpo adds SFT); gtr_turbo_kl subtracts a KL penalty to
+the merged self-teacher (``self.teacher``, set by the worker) from the returns.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from torch import Tensor
 from services.trainer import algos
 from services.trainer.buffer import DaggerBuffer, SftExample
 from shared.rollout import Rollout
-from shared.schemas import GenerationConfig, TrainConfig
+from shared.schemas import GROUP_ALGORITHMS, GenerationConfig, TeacherConfig, TrainConfig
 
 ImageLoader = Callable[[str], Any]
+
+ALGORITHMS = ("gtr", "rl4vlm", "sft_only", "grpo", "gtr_grpo", "gtr_turbo_kl")
+PPO_ALGORITHMS = ("gtr", "rl4vlm", "grpo", "gtr_grpo", "gtr_turbo_kl")  # a policy-gradient term
+SFT_ALGORITHMS = ("gtr", "sft_only", "gtr_grpo")  # a thought-SFT term on the DAgger buffer
 
 
 @dataclass
@@ -78,8 +84,8 @@ class Trainer:
         image_loader: ImageLoader | None = None,
         accelerator: Any = None,
     ) -> None:
-        if algorithm not in ("gtr", "rl4vlm", "sft_only"):
-            raise ValueError(f"algorithm must be gtr, rl4vlm or sft_only, got {algorithm!r}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
         self.policy, self.cfg, self.algorithm = policy, train, algorithm
         gen = generation or GenerationConfig()
         self.temperature, self.max_new_tokens = gen.temperature, gen.max_new_tokens
@@ -109,6 +115,10 @@ class Trainer:
         self._images: dict[str, Any] = {}
         self._targets: dict[int, tuple[list[int], list[int]]] = {}
         self.reward_terms: dict[str, float] = {}  # the extra reward terms of the last update
+        self.grouped = algorithm in GROUP_ALGORITHMS
+        self.teacher: Any = None  # gtr_turbo_kl: the merged self-teacher policy (tasks.py sets it)
+        self.turbo = TeacherConfig()  # gtr_turbo_kl: kl_coef, kl_clip (tasks.py sets the run's)
+        self._extra: dict[str, float] = {}  # advantage statistics of the current update
 
     # ---- stages ------------------------------------------------------------------------------
 
@@ -120,6 +130,8 @@ class Trainer:
         judged_correct (N,) 0/1: the corrector's verdicts, for the VLM-as-judge reward term."""
         t, e = rollout.num_steps, rollout.num_envs
         as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
+        if self.grouped:
+            return self.group_advantages(rollout)
         values = as_te(rollout.values)
         rewards = as_te(rollout.rewards)
         self.reward_terms = {}
@@ -140,9 +152,49 @@ class Trainer:
         )
         bonus = self.cfg.format_reward
         returns = algos.add_format_reward(returns, as_te(rollout.format_valid), bonus)
+        if self.algorithm == "gtr_turbo_kl":
+            returns = returns - self.turbo.kl_coef * as_te(self.kl_penalty(rollout))
         advantages = returns - values  # A = (GAE return + bonus) − V, as the reference
         adv = algos.normalize_advantages(advantages.reshape(-1))
         return adv.to(self.device), returns.reshape(-1).to(self.device)
+
+    def group_advantages(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """grpo: episode returns (+ format bonus per step) normalised within start-state groups."""
+        t, e = rollout.num_steps, rollout.num_envs
+        as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
+        # The bonus joins the reward of its step, so it counts once in the trajectory return.
+        rewards = as_te(rollout.rewards) + self.cfg.format_reward * as_te(rollout.format_valid)
+        dones = as_te(rollout.dones)
+        cfg = self.cfg
+        adv, stats = algos.grpo_advantages(
+            rewards, dones, cfg.group_size, cfg.group_eps, cfg.group_std
+        )
+        self._extra = stats
+        ret, _, _ = algos.episode_returns(rewards, dones)
+        return adv.reshape(-1).to(self.device), ret.reshape(-1).to(self.device)
+
+    def kl_penalty(self, rollout: Rollout) -> np.ndarray:
+        """gtr_turbo_kl: each step's thought-token KL penalty against the teacher, (N,)."""
+        if self.teacher is None:
+            raise RuntimeError("gtr_turbo_kl needs a teacher: set Trainer.teacher first")
+        out = np.zeros(rollout.size, dtype=np.float32)
+        mb = self.cfg.minibatch_size
+        for start in range(0, rollout.size, mb):
+            idx = np.arange(start, min(start + mb, rollout.size))
+            ids = [rollout.response_ids[i, : rollout.response_lengths[i]].tolist() for i in idx]
+            length = max(1, max(len(x) for x in ids))
+            cut = np.ix_(idx, np.arange(length))
+            images = [self.image(rollout.image_shas[i]) for i in idx]
+            prompts = [str(rollout.prompts[i]) for i in idx]
+            teacher = self.teacher.score(images, prompts, ids, temperature=self.temperature)
+            t_lp = teacher.logprobs[:, :length].float().cpu()
+            valid = teacher.mask[:, :length].cpu()
+            mask = torch.as_tensor(rollout.thought_mask[cut]).float() * valid
+            a_lp = torch.as_tensor(rollout.old_logprobs[cut]).float()
+            pen = algos.thought_kl_penalty(a_lp, t_lp, mask, self.turbo.kl_clip)
+            out[idx] = pen.numpy()
+        self._extra = {"turbo/kl_mean": float(out.mean()), "turbo/kl_max": float(out.max())}
+        return out
 
     def minibatches(self, rollout: Rollout, adv: Tensor, ret: Tensor) -> Iterator[Batch]:
         """Shuffled minibatches of one epoch; with several processes each takes its share."""
@@ -198,6 +250,7 @@ class Trainer:
         )
         pg, ratio = clip_loss(logp, b.old_logprobs, b.advantages, self.cfg.clip)
         vloss = algos.value_loss(out.values.float(), b.old_values, b.returns, self.cfg.value_clip)
+        value_coef = 0.0 if self.grouped else self.cfg.value_coef  # grpo: no critic to train
         with torch.no_grad():
             stats = {
                 "losses/policy": pg.item(),
@@ -206,7 +259,7 @@ class Trainer:
                 "clipfrac": algos.clip_fraction(ratio, self.cfg.clip).item(),
                 "entropy": algos.masked_mean(out.entropy[:, :length], valid).item(),
             }
-        return pg + self.cfg.value_coef * vloss, stats
+        return (pg + value_coef * vloss if value_coef else pg), stats
 
     def sft_loss(self, examples: list[SftExample]) -> tuple[Tensor, dict[str, float]]:
         """Thought-SFT CE toward corrected outputs (the action value masked out)."""
@@ -255,8 +308,9 @@ class Trainer:
         judged_correct: np.ndarray | None = None,
     ) -> dict[str, float]:
         """One PPO update (ppo_epochs × minibatches, grad accumulation); returns its metrics."""
-        use_ppo = self.algorithm in ("gtr", "rl4vlm")
-        use_sft = self.algorithm in ("gtr", "sft_only") and buffer is not None and len(buffer) > 0
+        use_ppo = self.algorithm in PPO_ALGORITHMS
+        use_sft = self.algorithm in SFT_ALGORITHMS and buffer is not None and len(buffer) > 0
+        self._extra = {}
         adv, ret = self.compute_advantages(rollout, judged_correct)
         sft_coef = self.sft_weight()
         lr = self.optimizer.param_groups[0]["lr"]
@@ -295,6 +349,7 @@ class Trainer:
             "explained_variance": _finite(algos.explained_variance(values_t, returns_t).item()),
             "sft_samples": float(len(buffer) if use_sft and buffer is not None else 0),
             "returns_mean": float(returns_t.mean()),
+            **self._extra,
         }
         return metrics
 

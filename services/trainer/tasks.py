@@ -41,6 +41,7 @@ class RunState:
     trainer: Any  # services.trainer.service.Trainer
     buffer: Any  # services.trainer.buffer.DaggerBuffer
     config: RunConfig
+    teachers: Any = None  # services.trainer.teacher.TeacherCache (gtr_turbo_kl)
 
 
 _RUNS: dict[int, RunState] = {}
@@ -85,8 +86,12 @@ def run_update(
         log.info("run %s update %s already trained: skipping", run_id, update_idx)
         return {"skipped": True}
     state = _catch_up(session, run_id, update_idx, accelerator)
-    state.buffer.refresh(session)
+    _prepare(session, run_id, update_idx, state)
     metrics = _train(session, state, load_rollout(row))
+    if state.teachers is not None:  # which checkpoints the KL teacher merged
+        merged = state.teachers.updates or []
+        metrics["turbo/teacher_checkpoints"] = float(len(merged))
+        metrics["turbo/teacher_newest_update"] = float(max(merged, default=-1))
     cfg = state.config.train
     if main and (update_idx % cfg.checkpoint_every == 0 or update_idx >= cfg.num_updates - 1):
         ckpt = save_checkpoint(session, state.trainer, run_id)
@@ -138,7 +143,7 @@ def _catch_up(session: Session, run_id: int, update_idx: int, accelerator: Any =
     # Updates trained since that checkpoint (checkpoint_every > 1) are replayed from their blobs.
     for k in range(ckpt.update_idx + 1, update_idx):
         log.info("run %s: replaying update %s", run_id, k)
-        state.buffer.refresh(session)
+        _prepare(session, run_id, k, state)
         _train(session, state, load_rollout(_update_row(session, run_id, k)))
     return state
 
@@ -151,6 +156,21 @@ def _train(session: Session, state: RunState, rollout: Rollout) -> dict[str, Any
     if state.config.train.judge_reward:
         judged = judged_correct(session, rollout.step_ids)
     return dict(state.trainer.update(rollout, state.buffer, judged))
+
+
+def _prepare(session: Session, run_id: int, update_idx: int, state: RunState) -> None:
+    """Before training an update: the DAgger buffer refreshed; under gtr_turbo_kl the merged
+    self-teacher of the checkpoints written before this update."""
+    state.buffer.refresh(session)
+    if state.config.algorithm != "gtr_turbo_kl":
+        return
+    from services.trainer.teacher import TeacherCache, run_checkpoints
+
+    if state.teachers is None:
+        state.teachers = TeacherCache(state.config.teacher)
+    refs = run_checkpoints(session, run_id, before=update_idx)
+    state.trainer.teacher = state.teachers.get(refs)
+    state.trainer.turbo = state.config.teacher
 
 
 def _run_config(session: Session, run_id: int) -> RunConfig:

@@ -177,3 +177,30 @@ def test_security_headers(base_url: str) -> None:
     assert (
         r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY"
     )
+
+
+def test_grpo_and_self_teacher_configs_over_rest(client: httpx.Client) -> None:
+    ok = {
+        **CONFIG,
+        "algorithm": "gtr_grpo",
+        "train": {**CONFIG["train"], "group_size": 2},
+        "corrector": {"backend": "self_teacher"},
+    }
+    r = client.post("/api/runs", json=ok)
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["corrector"]["name"] == "self_teacher"
+    before = _count_runs()
+    for body, words in (
+        (
+            {**CONFIG, "algorithm": "grpo", "train": {**CONFIG["train"], "group_size": 4}},
+            "group_size",
+        ),
+        (
+            {**CONFIG, "corrector": {"backend": "self_teacher", "name": "<script>gpt"}},
+            "self_teacher",
+        ),
+        ({**CONFIG, "teacher": {"density": 0}}, "density"),
+    ):
+        r = client.post("/api/runs", json=body)
+        assert r.status_code == 422 and words in r.text, r.text
+    assert _count_runs() == before
