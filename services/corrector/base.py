@@ -13,7 +13,16 @@ from typing import Any, Protocol
 
 from shared.schemas import Correction, CorrectionRequest
 
-FAILURE_KINDS = ("malformed", "transport", "budget", "circuit_open", "config", "input")
+FAILURE_KINDS = (
+    "malformed",
+    "transport",
+    "budget",
+    "circuit_open",
+    "config",
+    "input",
+    "timeout",  # no answer came within the run's wait (written by the controller)
+    "skipped",  # never sent: e.g. `skipped: backlog` (written by the controller)
+)
 
 
 class CorrectorError(RuntimeError):

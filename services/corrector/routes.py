@@ -11,14 +11,15 @@ from shared.schemas import Correction, CorrectionRequest
 
 router = APIRouter()
 
-# How each failure kind answers over HTTP; 5xx and 429 tell clients to retry.
+# How each failure kind answers over HTTP; 5xx and 429 tell clients to retry. An unusable model
+# answer is 422, not 502: asking the same model again would only multiply the calls.
 STATUS = {
     "input": 422,
+    "malformed": 422,
     "config": 500,
     "budget": 429,
     "circuit_open": 503,
     "transport": 502,
-    "malformed": 502,
 }
 
 
@@ -41,7 +42,8 @@ def correct(req: CorrectionRequest, request: Request) -> Correction:
     try:
         return request.app.state.corrector.correct(req)
     except CorrectorError as e:
-        raise HTTPException(STATUS.get(e.kind, 502), {"kind": e.kind, "reason": e.reason}) from e
+        detail = {"kind": e.kind, "reason": e.reason, "raw": (e.raw or "")[:20_000] or None}
+        raise HTTPException(STATUS.get(e.kind, 502), detail) from e
 
 
 @router.get("/healthz")
