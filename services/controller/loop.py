@@ -47,7 +47,8 @@ def backends(cfg: RunConfig, settings: Settings) -> dict[str, Any]:
         corrections: Any = CeleryCorrections(cfg.corrector.name)
         trainer: Any = CeleryTrainer(lost_after_s=settings.trainer_lost_after_s)
     else:
-        corrections = ThreadCorrections(cfg.corrector.name, cfg.corrector.noise, cfg.seed, settings)
+        c = cfg.corrector
+        corrections = ThreadCorrections(c.name, c.noise, cfg.seed, settings, inline=c.inline())
         trainer = InProcessTrainer()
     if cfg.algorithm == "rl4vlm":
         corrections = None

@@ -92,6 +92,21 @@ def _check_row(row: models.Corrector, settings: Settings) -> None:
     row.params = _check_params(row.kind, row.params or {})
 
 
+def inline_row(cfg: dict[str, Any], settings: Settings) -> models.Corrector:
+    """An unsaved registry row for a run config's inline corrector, checked like a registered
+    one (URL rules, params)."""
+    row = models.Corrector(
+        name=cfg.get("name") or "inline",
+        kind=cfg.get("kind"),
+        base_url=cfg.get("base_url"),
+        model=cfg.get("model"),
+        params=dict(cfg.get("params") or {}),
+        api_key_env=cfg.get("api_key_env"),
+    )
+    _check_row(row, settings)
+    return row
+
+
 def create_corrector(
     session: Session, body: CorrectorCreate, team: str, settings: Settings
 ) -> models.Corrector:
@@ -195,17 +210,27 @@ def try_corrector(
 ) -> CorrectorTestResult:
     """One sample correction without retries; reports the verdict and latency, or the error."""
     start = time.perf_counter()
+    trace = CallTrace()
     try:
         corrector = corrector_from_row(row, settings, overrides={"max_retries": 0})
-        result = corrector.correct(sample_request(task, seed), CallTrace())
+        result = corrector.correct(sample_request(task, seed), trace)
     except CorrectorError as e:
-        return CorrectorTestResult(ok=False, latency_ms=_ms(start), error=f"{e.kind}: {e.reason}")
+        return CorrectorTestResult(
+            ok=False,
+            latency_ms=_ms(start),
+            error=f"{e.kind}: {e.reason}",
+            raw=e.raw or trace.raw,
+            tokens=trace.tokens,
+            attempts=trace.attempts,
+        )
     return CorrectorTestResult(
         ok=True,
         verdict=result.verdict,
         corrected_thought=result.corrected_thought,
         latency_ms=_ms(start),
         tokens=result.tokens,
+        raw=trace.raw,
+        attempts=trace.attempts,
     )
 
 

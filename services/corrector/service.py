@@ -51,13 +51,26 @@ def build_corrector(
     noise: float = 0.0,
     seed: int = 0,
     budget: Budget | None = None,
+    inline: dict[str, Any] | None = None,
 ) -> Corrector:
-    """'oracle' (built in) or a registered corrector, by name."""
+    """'oracle' (built in), a registered corrector by name, or the run config's `inline` one."""
+    if inline is not None:
+        from services.corrector.registry import RegistryError, inline_row
+
+        try:
+            made = inline_row(inline, settings)
+        except RegistryError as e:
+            raise CorrectorError("config", f"the run's inline corrector: {e}") from e
+        return corrector_from_row(made, settings, noise=noise, seed=seed, budget=budget)
     if name == ORACLE:
         return OracleCorrector(noise=noise, seed=seed)
     row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
     if row is None:
-        raise CorrectorError("config", f"no corrector named '{name}' is registered")
+        raise CorrectorError(
+            "config",
+            f"no corrector named '{name}' is registered (gtr corrector add, or define it inline "
+            "in the run's [corrector] with kind and base_url)",
+        )
     return corrector_from_row(row, settings, noise=noise, seed=seed, budget=budget)
 
 

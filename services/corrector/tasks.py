@@ -25,8 +25,9 @@ _CACHE_LOCK = threading.Lock()
 def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     cfg = (run.config or {}).get("corrector", {}) if run else {}
     noise, seed = float(cfg.get("noise", 0.0)), int((run.config or {}).get("seed", 0)) if run else 0
-    key_parts: list[Any] = [name, noise, seed]
-    if name != ORACLE:
+    inline = cfg if cfg.get("kind") else None
+    key_parts: list[Any] = [name, noise, seed, inline]
+    if name != ORACLE and inline is None:
         row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
         if row is not None:
             key_parts += [
@@ -41,7 +42,9 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()
     with _CACHE_LOCK:
         if key not in _CACHE:
-            _CACHE[key] = build_corrector(name, session, get_settings(), noise=noise, seed=seed)
+            _CACHE[key] = build_corrector(
+                name, session, get_settings(), noise=noise, seed=seed, inline=inline
+            )
         return _CACHE[key]
 
 
