@@ -265,24 +265,30 @@ class ThreadCorrections:
             )
         self.name = corrector_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="corrector")
-        self._queued: set[int] = set()  # submitted, not started: the backlog
-        self._running: set[int] = set()
+        self._queued: set[int] = set()  # submitted, not sent yet: the backlog
+        self._running: set[int] = set()  # sent, not answered
         self._lock = threading.Lock()
 
     def _one(self, step_id: int) -> None:
         from services.corrector.service import record_correction
 
-        with self._lock:
-            self._queued.discard(step_id)
-            self._running.add(step_id)
         try:
             with session_scope() as s:
-                record_correction(s, step_id, self.name, self.corrector)
+                record_correction(
+                    s, step_id, self.name, self.corrector, on_send=lambda: self._sent(step_id)
+                )
         except Exception:  # recorded as failed by record_correction where it can be
             log.exception("correction of step %s failed", step_id)
         finally:
             with self._lock:
+                self._queued.discard(step_id)
                 self._running.discard(step_id)
+
+    def _sent(self, step_id: int) -> None:
+        """The step got a slot at the endpoint: it leaves the backlog."""
+        with self._lock:
+            self._queued.discard(step_id)
+            self._running.add(step_id)
 
     def submit(self, run_id: int, step_ids: list[int]) -> None:
         with self._lock:

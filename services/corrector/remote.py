@@ -99,7 +99,7 @@ class RemoteParams(BaseModel):
 
 
 class _Remote(ABC):
-    """What both remote correctors share: breaker, semaphore, budget, timing."""
+    """What both remote correctors share: breaker, adaptive limit, budget, timing."""
 
     def __init__(
         self, base_url: str, params: RemoteParams | dict[str, Any] | None, budget: Budget | None
@@ -116,25 +116,26 @@ class _Remote(ABC):
         )
 
     @contextmanager
-    def _slot(self) -> Iterator[None]:
-        """One request under the endpoint's adaptive limit, which learns from how it ends."""
-        ticket = self.limit.acquire()
+    def _timed(self, trace: CallTrace) -> Iterator[None]:
+        """One request; the endpoint's adaptive limit learns from how it ends."""
         start = time.perf_counter()
-        latency, overloaded = None, False
         try:
             yield
-            latency = time.perf_counter() - start
         except Retryable as e:
-            overloaded = e.overload
+            self.limit.feedback(trace.slot, None, e.overload)
             raise
-        finally:
-            self.limit.release(ticket, latency, overloaded)
+        self.limit.feedback(trace.slot, time.perf_counter() - start, False)
 
     def correct(self, req: CorrectionRequest, trace: CallTrace | None = None) -> Correction:
         trace = trace or CallTrace()
-        start = time.perf_counter()
         self.breaker.before_call()
+        # One slot per correction (its retries and tool rounds included): a step waits here,
+        # unsent, while the endpoint is busy, and is dropped if it was settled meanwhile.
+        trace.slot = self.limit.acquire()
+        start = time.perf_counter()  # the latency leaves out the wait for a slot
         try:
+            if trace.wanted is not None and not trace.wanted():
+                raise CorrectorError("skipped", "settled while it waited for a free slot")
             correction = self._correct(req, trace)
         except CorrectorError as e:
             # Only a failing endpoint opens the circuit; a bad answer proves the endpoint is up.
@@ -148,6 +149,8 @@ class _Remote(ABC):
         except BaseException:
             self.breaker.release()
             raise
+        finally:
+            self.limit.release()
         self.breaker.record_success()
         return correction.model_copy(
             update={"tokens": trace.tokens, "latency_ms": (time.perf_counter() - start) * 1000}
@@ -349,7 +352,7 @@ class OpenAICorrector(_Remote):
             kwargs.update(tools=[FIND_ALL_TOOL], tool_choice="auto")
 
         def send() -> Any:
-            with self._slot():
+            with self._timed(trace):
                 return self._send(kwargs)
 
         response = call_with_retries(send, self.params.retry_policy(), trace, self.budget)
@@ -401,7 +404,7 @@ class HttpCorrector(_Remote):
         body = req.model_dump(mode="json")
 
         def send() -> httpx.Response:
-            with self._slot():
+            with self._timed(trace):
                 return self._send(body)
 
         response = call_with_retries(send, self.params.retry_policy(), trace, self.budget)

@@ -206,12 +206,18 @@ class AdaptiveLimit:
             self._issued += 1
             return self._issued
 
-    def release(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:
-        """Ends a call: its latency when it was answered, `overloaded` when the server shed it."""
+    def release(self) -> None:
         with self._cond:
             self.in_flight -= 1
-            if self.adaptive:
-                self._adapt(ticket, latency_s, overloaded)
+            self._cond.notify_all()
+
+    def feedback(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:
+        """How one request of the call holding `ticket` went: its latency when it was answered,
+        `overloaded` when the server shed it."""
+        if not self.adaptive:
+            return
+        with self._cond:
+            self._adapt(ticket, latency_s, overloaded)
             self._cond.notify_all()
 
     def _adapt(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:

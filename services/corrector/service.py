@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select, update
@@ -131,6 +132,7 @@ def record_correction(
     corrector_name: str,
     corrector: Corrector,
     blobs: BlobStore | None = None,
+    on_send: Callable[[], None] | None = None,
 ) -> models.Correction:
     """Corrects one step once: an existing done/failed row is returned and nothing is called.
 
@@ -143,7 +145,7 @@ def record_correction(
     row = _existing(session, step_id, corrector_name)
     if row is not None and row.status in ("done", "failed"):
         return row
-    values = _outcome(session, step, corrector_name, corrector, blobs or blob_store())
+    values = _outcome(session, step, corrector_name, corrector, blobs or blob_store(), on_send)
     if row is None:
         try:
             with session.begin_nested():
@@ -171,11 +173,26 @@ def record_correction(
 
 
 def _outcome(
-    session: Session, step: models.Step, name: str, corrector: Corrector, blobs: BlobStore
+    session: Session,
+    step: models.Step,
+    name: str,
+    corrector: Corrector,
+    blobs: BlobStore,
+    on_send: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The columns of the step's correction: the result, or the failure and its reason."""
     budget = run_budget(session, step.run_id, name)
-    trace = CallTrace(budget=budget)
+
+    def wanted() -> bool:
+        """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog)"""
+        row = _existing(session, step.id, name)
+        if row is not None and row.status != "pending":
+            return False
+        if on_send is not None:
+            on_send()
+        return True
+
+    trace = CallTrace(budget=budget, wanted=wanted)
     start = time.perf_counter()
     try:
         if budget is not None:
