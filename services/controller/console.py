@@ -155,7 +155,7 @@ def print_summary(run_id: int, seconds: float) -> None:
     console = Console()
     console.print(table)
     if gtr:
-        console.print(_corrections_line(totals))
+        console.print(_corrections_line(totals), soft_wrap=True)
     if error:
         console.print(f"[red]error:[/red] {error}")
     console.print(

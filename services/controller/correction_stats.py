@@ -12,7 +12,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import distinct, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.db.models import Correction, CorrectorSpend, Update
@@ -72,7 +72,7 @@ def update_figures(s: Session, run_id: int, update_idx: int) -> dict[str, float]
 def refresh_late(s: Session, run_id: int, since: datetime | None, before: int | None) -> int:
     """Recomputes the figures of the updates (before ``before``, when given) that had a
     correction finish at or after ``since`` (None: all). Returns how many were rewritten."""
-    query = select(distinct(Correction.update_idx)).where(Correction.run_id == run_id)
+    query = select(Correction.update_idx).distinct().where(Correction.run_id == run_id)
     if since is not None:
         query = query.where(Correction.finished_at >= since)
     if before is not None:

@@ -78,7 +78,8 @@ def answer_schema(task: str, thought_keys: list[str]) -> dict[str, Any]:
     from services.corrector.prompts import QUESTIONS
 
     answers = [f"answer{i + 1}" for i in range(len(QUESTIONS.get(task, [])))]
-    props: dict[str, Any] = {a: {"type": "string"} for a in answers}
+    # Bounded strings: a small model under a grammar otherwise rambles into max_tokens.
+    props: dict[str, Any] = {a: {"type": "string", "maxLength": 300} for a in answers}
     props["evaluation"] = {"type": "string", "enum": ["YES", "NO"]}
     thought = {
         "type": "object",
