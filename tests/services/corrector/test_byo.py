@@ -143,3 +143,61 @@ def test_embedded_pool_calls_each_step_once_and_reports_its_backlog(
     )
     assert [outcome[i] for i in waiting[:2]] == [("failed", "skipped: backlog")] * 2
     assert sorted(v for k, v in outcome.items() if k not in waiting[:2]) == [("done", "")] * 2
+
+
+def test_cli_add_list_test_rm_on_the_settings_database(fake_openai: FakeOpenAI) -> None:
+    from click.testing import CliRunner
+
+    from services.corrector.cli import corrector
+
+    fake_openai.default = chat(YES, tokens=12)
+    run = CliRunner().invoke
+    name = f"cli-{fake_openai.url.split('/')[-2]}"
+    added = run(corrector, ["add", name, "--base-url", fake_openai.url, "--model", "m"])
+    assert added.exit_code == 0, added.output
+    again = run(corrector, ["add", name, "--base-url", fake_openai.url, "--model", "m"])
+    assert again.exit_code == 1 and "exists" in again.output
+    bad = run(corrector, ["add", "x", "--base-url", "ftp://h", "--params", '{"nope": 1}'])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert name in run(corrector, ["list"]).output
+    tried = run(corrector, ["test", name])
+    assert tried.exit_code == 0 and "verdict: correct" in tried.output
+    assert f"raw answer: {YES}" in tried.output  # what the model said, as it said it
+    sent = fake_openai.requests[-1]["json"]["messages"][1]["content"]
+    assert isinstance(sent, str) and "image" not in sent.lower()
+    assert run(corrector, ["rm", name]).exit_code == 0
+    gone = run(corrector, ["test", name])
+    assert gone.exit_code == 1 and "no corrector named" in gone.output
+
+
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        ({"kind": "openai", "model": "m"}, "needs base_url"),
+        ({"kind": "openai", "base_url": "http://h/v1"}, "needs model"),
+        ({"base_url": "http://h/v1"}, "need kind"),
+    ],
+)
+def test_inline_corrector_config_is_checked(fields: dict, why: str) -> None:
+    from pydantic import ValidationError
+
+    from shared.schemas import CorrectorConfig
+
+    with pytest.raises(ValidationError, match=why):
+        CorrectorConfig.model_validate(fields)
+
+
+def test_an_inline_corrector_is_built_like_a_registered_one(fake_openai: FakeOpenAI) -> None:
+    from services.corrector.service import build_corrector
+    from shared.schemas import CorrectorConfig
+
+    cfg = CorrectorConfig.model_validate(
+        {"kind": "openai", "base_url": fake_openai.url, "model": "m", "params": {"tools": False}}
+    )
+    assert cfg.name == "inline"
+    with session_scope() as s:
+        built = build_corrector(cfg.name, s, get_settings(), inline=cfg.inline())
+        assert isinstance(built, OpenAICorrector) and built.params.tools is False
+        bad = {**(cfg.inline() or {}), "base_url": "file:///etc/passwd"}
+        with pytest.raises(CorrectorError, match="inline corrector: base_url must start"):
+            build_corrector(cfg.name, s, get_settings(), inline=bad)
