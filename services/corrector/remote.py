@@ -5,6 +5,7 @@ a circuit breaker per endpoint."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -373,12 +374,16 @@ class OpenAICorrector(_Remote):
         except openai.APIConnectionError as e:
             raise Retryable(f"connection failed ({e.__cause__ or e})", overload=True) from e
         except openai.APIStatusError as e:
+            body = e.body.get("message", e.message) if isinstance(e.body, dict) else e.message
+            reason = f"HTTP {e.status_code}: {str(body)[:300]}"
+            if e.status_code >= 500 and _REFUSAL.search(str(body)):
+                # llama-cpp-python answers a request it cannot validate with a 500: retrying
+                # the same body cannot help, asking for less can.
+                raise Rejected("transport", reason) from e
             if e.status_code == 429 or e.status_code >= 500:
                 wait = _retry_after(e.response.headers)
                 shed = e.status_code in OVERLOAD_STATUS
                 raise Retryable(f"HTTP {e.status_code}", wait, overload=shed) from e
-            body = e.body.get("message", e.message) if isinstance(e.body, dict) else e.message
-            reason = f"HTTP {e.status_code}: {str(body)[:300]}"
             if e.status_code in (400, 422):
                 raise Rejected("transport", reason) from e
             raise CorrectorError("transport", reason) from e
@@ -454,6 +459,9 @@ def _protocol_error(response: httpx.Response) -> CorrectorError:
 
 # Statuses that mean the server sheds load (back off), unlike a 500 that means it is broken.
 OVERLOAD_STATUS = (429, 503, 504)
+# A 5xx whose message says the request's shape was refused (what some servers answer for a
+# parameter they do not know) is a refusal, not an outage.
+_REFUSAL = re.compile(r"validation error|response_format|json_schema|tool_choice", re.IGNORECASE)
 
 
 def _response_format(level: str, schema: dict[str, Any] | None) -> dict[str, Any]:

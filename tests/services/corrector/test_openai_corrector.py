@@ -289,3 +289,23 @@ def test_bodies_that_are_not_chat_completions(fake_openai: FakeOpenAI, body, why
     with pytest.raises(CorrectorError) as err:
         _corrector(fake_openai).correct(_request())
     assert err.value.kind == "malformed" and why in err.value.reason
+
+
+def test_a_500_that_refuses_the_request_shape_steps_down_instead_of_retrying(
+    fake_openai: FakeOpenAI,
+) -> None:
+    # What llama-cpp-python 0.3.36 answers to response_format json_schema.
+    refused = Reply(
+        500,
+        {
+            "error": {
+                "message": "1 validation error: {'loc': ('body', 'response_format', 'type'), "
+                "'msg': \"Input should be 'text' or 'json_object'\"}",
+                "type": "internal_server_error",
+            }
+        },
+    )
+    fake_openai.then(refused, chat(_answer("YES")))
+    assert _corrector(fake_openai).correct(_request()).verdict == "correct"
+    first, second = (r["json"]["response_format"]["type"] for r in fake_openai.requests)
+    assert (first, second) == ("json_schema", "json_object")
