@@ -39,7 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PARAMS = {"vision": False, "timeout_s": 120, "max_retries": 1, "max_tokens": 256, "concurrency": 4}
+PARAMS = {"vision": False, "timeout_s": 300, "max_retries": 1, "max_tokens": 256, "concurrency": 4}
 
 
 def gguf_path() -> Path:
@@ -58,7 +58,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(gguf: Path, port: int, log: Path) -> subprocess.Popen:
+def start_server(gguf: Path, port: int, log: Path, threads: int = 1) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -74,7 +74,9 @@ def start_server(gguf: Path, port: int, log: Path) -> subprocess.Popen:
         "--n_ctx",
         "4096",
         "--n_threads",
-        "2",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
     ]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
@@ -244,12 +246,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="num_steps of the run (2 envs)")
     ap.add_argument("--updates", type=int, default=1)
     ap.add_argument("--out", type=Path, help="where logs and the run's data go")
+    ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1 on a busy box)")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="byo-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     gguf = gguf_path()
     port = free_port()
-    server = start_server(gguf, port, out / "llama_server.log")
+    server = start_server(gguf, port, out / "llama_server.log", args.threads)
     base = f"http://127.0.0.1:{port}/v1"
     report: dict[str, Any] = {"gguf": gguf.name, "server": "llama_cpp.server"}
     try:
