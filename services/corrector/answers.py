@@ -81,9 +81,13 @@ def answer_schema(task: str, thought_keys: list[str]) -> dict[str, Any]:
     # Bounded strings: a small model under a grammar otherwise rambles into max_tokens.
     props: dict[str, Any] = {a: {"type": "string", "maxLength": 300} for a in answers}
     props["evaluation"] = {"type": "string", "enum": ["YES", "NO"]}
+    value = {"anyOf": [{"type": "string", "maxLength": 100}, {"type": "number"}]}
     thought = {
         "type": "object",
-        "properties": {k: {"type": "string"} if k == "thoughts" else {} for k in thought_keys},
+        "properties": {
+            k: {"type": "string", "maxLength": 300} if k == "thoughts" else value
+            for k in thought_keys
+        },
         "required": list(thought_keys),
     }
     props["correction"] = {"anyOf": [{"type": "null"}, thought]}
