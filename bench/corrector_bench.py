@@ -112,7 +112,9 @@ def main() -> None:
     for level in (int(x) for x in args.levels.split(",")):
         ideal = level / (args.latency_ms / 1000)
         n = max(level * 2, int(ideal * args.seconds))
-        corrector = OpenAICorrector(url, "bench", None, {"concurrency": level, "max_retries": 0})
+        # A fixed level: what is measured is the client at that concurrency, not AIMD's ramp.
+        params = {"concurrency": level, "max_retries": 0, "adaptive": False}
+        corrector = OpenAICorrector(url, "bench", None, params)
         measure(corrector, level, level)  # warm-up: connections and imports
         r = measure(corrector, level, n)
         print(

@@ -289,6 +289,43 @@ class CorrectorConfig(_Strict):
             self.name, self.backend = SELF_TEACHER, "self_teacher"
         return self
 
+    # An inline corrector, instead of a registered name (docs/corrector-protocol.md):
+    kind: Literal["openai", "http"] | None = Field(
+        None, description="Inline corrector: openai = chat completions, http = POST /v1/correct"
+    )
+    base_url: str | None = Field(None, max_length=500, description="Inline: the endpoint URL")
+    model: str | None = Field(None, max_length=200, description="Inline openai: the model name")
+    api_key_env: str | None = Field(
+        None,
+        max_length=100,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Inline: the environment variable holding the API key",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Inline: RemoteParams (timeout_s, vision, ...)"
+    )
+
+    @model_validator(mode="after")
+    def _inline_complete(self) -> CorrectorConfig:
+        inline = self.base_url or self.model or self.api_key_env or self.params
+        if inline and self.kind is None:
+            raise ValueError("base_url, model, api_key_env and params need kind = openai or http")
+        if self.kind is not None:
+            if not self.base_url:
+                raise ValueError(f"an inline corrector of kind {self.kind} needs base_url")
+            if self.kind == "openai" and not self.model:
+                raise ValueError("an inline corrector of kind openai needs model")
+            if self.name == "oracle":  # the label its corrections are recorded under
+                self.name = "inline"
+        return self
+
+    def inline(self) -> dict[str, Any] | None:
+        """The inline corrector's fields, or None when `name` refers to the registry."""
+        if self.kind is None:
+            return None
+        keys = ("name", "kind", "base_url", "model", "api_key_env", "params")
+        return {k: getattr(self, k) for k in keys}
+
 
 class TeacherConfig(_Strict):
     """The self-teacher (GTR-Turbo): a TIES merge of the run's own latest checkpoints."""

@@ -71,6 +71,7 @@ class CorrectionOut(_Orm):
     corrected_thought: str | None
     extras: dict[str, Any]
     reasoning: str | None
+    raw: str | None = None  # the corrector's answer as it came, for audits of failures
     error: str | None
     latency_ms: float | None
     tokens: int

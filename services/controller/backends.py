@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -32,6 +33,13 @@ BROKER_ERRORS = (BrokerError, RedisConnectionError, RedisTimeout)
 class Corrections(Protocol):
     def submit(self, run_id: int, step_ids: list[int]) -> None: ...
     def close(self) -> None: ...
+
+
+def backlog_of(corrections: Corrections, step_ids: list[int]) -> set[int]:
+    """The steps among ``step_ids`` still waiting in this process's queue, never sent; only the
+    embedded pool knows (a Celery task's state is the broker's)."""
+    known = getattr(corrections, "backlog", None)
+    return known(step_ids) if known is not None else set()
 
 
 class TrainerBackend(Protocol):
@@ -93,17 +101,27 @@ def settle_corrections(
     corrections.submit(run_id, missing)
     if not wait_for_corrections(run_id, missing, timeout_s):
         return 0
-    return record_missing_as_failed(run_id, missing, corrector, 2 * timeout_s)
+    backlog = backlog_of(corrections, missing)
+    return record_missing_as_failed(run_id, missing, corrector, 2 * timeout_s, backlog)
 
 
 def record_missing_as_failed(
-    run_id: int, step_ids: list[int], corrector: str, timeout_s: float
+    run_id: int,
+    step_ids: list[int],
+    corrector: str,
+    timeout_s: float,
+    backlog: set[int] | frozenset[int] = frozenset(),
 ) -> int:
     """After a wait times out, every step still without a finished correction gets a failed row
-    with the reason, so nothing is lost silently (a late answer then finds the row and stops)."""
+    with the reason, so nothing is lost silently (a late answer then finds the row and stops).
+    Steps in ``backlog`` were never sent: ``skipped: backlog``, and they never will be."""
     from shared.db.models import Step, utcnow
 
     reason = f"timeout: no answer within {timeout_s:g} s"
+    skipped = (
+        f"skipped: backlog: not sent within {timeout_s:g} s, the corrector answers slower "
+        "than the rollout makes steps"
+    )
     with session_scope() as s:
         n = s.execute(  # type: ignore[attr-defined]
             update(Correction)
@@ -119,7 +137,7 @@ def record_missing_as_failed(
                 update_idx=step.update_idx,
                 corrector=corrector,
                 status="failed",
-                error=reason,
+                error=skipped if step.id in backlog else reason,
                 finished_at=utcnow(),
             )
             try:
@@ -180,7 +198,13 @@ class CorrectionSweep:
         expired = [r.id for r in rows if now - self.resent.get(r.id, now) > self.timeout_s]
         again = [r.id for r in rows if r.old and r.id not in self.resent]
         if expired:
-            n = record_missing_as_failed(self.run_id, expired, self.corrector, 2 * self.timeout_s)
+            n = record_missing_as_failed(
+                self.run_id,
+                expired,
+                self.corrector,
+                2 * self.timeout_s,
+                backlog_of(self.corrections, expired),
+            )
             log.warning("run %s: %s corrections never came, recorded failed", self.run_id, n)
         if again:
             log.warning(
@@ -211,11 +235,18 @@ class CorrectionSweep:
             self.resent.update((i, time.monotonic()) for i in again)
             if not wait_for_corrections(self.run_id, missing, self.timeout_s):
                 return 0
-        return record_missing_as_failed(self.run_id, missing, self.corrector, 2 * self.timeout_s)
+        backlog = backlog_of(self.corrections, missing)
+        return record_missing_as_failed(
+            self.run_id, missing, self.corrector, 2 * self.timeout_s, backlog
+        )
 
 
 class ThreadCorrections:
-    """Embedded: corrections run on a thread pool while the rollout goes on."""
+    """Embedded: corrections run on a thread pool while the rollout goes on.
+
+    A step already queued or in flight is not queued again (a sweep's re-send would otherwise
+    call the corrector twice for it); how many requests reach the endpoint at once is the
+    corrector's own adaptive limit, the pool only has to have enough threads for it."""
 
     def __init__(
         self,
@@ -225,28 +256,57 @@ class ThreadCorrections:
         settings: Settings,
         workers: int = 8,
         run_id: int | None = None,
+        inline: dict[str, Any] | None = None,
     ) -> None:
         from services.corrector.service import build_corrector
 
         with session_scope() as s:
             self.corrector = build_corrector(
-                corrector_name, s, settings, noise=noise, seed=seed, run_id=run_id
+                corrector_name,
+                s,
+                settings,
+                noise=noise,
+                seed=seed,
+                run_id=run_id,
+                inline=inline,
             )
         self.name = corrector_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="corrector")
+        self._queued: set[int] = set()  # submitted, not sent yet: the backlog
+        self._running: set[int] = set()  # sent, not answered
+        self._lock = threading.Lock()
 
     def _one(self, step_id: int) -> None:
         from services.corrector.service import record_correction
 
         try:
             with session_scope() as s:
-                record_correction(s, step_id, self.name, self.corrector)
+                record_correction(
+                    s, step_id, self.name, self.corrector, on_send=lambda: self._sent(step_id)
+                )
         except Exception:  # recorded as failed by record_correction where it can be
             log.exception("correction of step %s failed", step_id)
+        finally:
+            with self._lock:
+                self._queued.discard(step_id)
+                self._running.discard(step_id)
+
+    def _sent(self, step_id: int) -> None:
+        """The step got a slot at the endpoint: it leaves the backlog."""
+        with self._lock:
+            self._queued.discard(step_id)
+            self._running.add(step_id)
 
     def submit(self, run_id: int, step_ids: list[int]) -> None:
-        for sid in step_ids:
+        with self._lock:
+            fresh = [i for i in step_ids if i not in self._queued and i not in self._running]
+            self._queued.update(fresh)
+        for sid in fresh:
             self.pool.submit(self._one, sid)
+
+    def backlog(self, step_ids: list[int]) -> set[int]:
+        with self._lock:
+            return self._queued.intersection(step_ids)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)

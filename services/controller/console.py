@@ -72,10 +72,21 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
                 f"{evaluated}"
                 f"  corrected {_fmt(m.get('corrected_rate'))}"
                 f"  relevance {_fmt(m.get('probe_relevance'))}{alarm}"
+                f"{_corrections(cfg, m)}"
             )
             bar.update(task, completed=p.env_steps, stats=stats)
 
         yield on_progress
+
+
+def _corrections(cfg: RunConfig, m: dict[str, Any]) -> str:
+    """This update's corrections by outcome; red when more than half failed."""
+    if cfg.algorithm == "rl4vlm":
+        return ""
+    from services.controller.correction_stats import describe
+
+    text = f"  corrections {describe(m)}"
+    return f"[red]{text}  CORRECTIONS FAILING[/red]" if m.get("corrections_alarm") else text
 
 
 def _alarm(cfg: RunConfig, m: dict[str, Any]) -> bool:
@@ -90,6 +101,9 @@ SUMMARY_KEYS = (
     "episode_return",
     "format_valid_rate",
     "corrected_rate",
+    "corrections_done",
+    "corrections_failed",
+    "corrections_skipped",
     "probe_relevance",
     "probe_top_thought_share",
     "state_relevance",
@@ -117,6 +131,7 @@ def print_summary(run_id: int, seconds: float) -> None:
     from rich.table import Table
     from sqlalchemy import select
 
+    from services.controller.correction_stats import run_totals
     from shared.db.models import Run, Update
     from shared.db.session import session_scope
 
@@ -126,6 +141,8 @@ def print_summary(run_id: int, seconds: float) -> None:
         rows = s.scalars(select(Update).where(Update.run_id == run_id).order_by(Update.idx)).all()
         metrics = [u.metrics for u in rows]
         status, error, steps = run.status, run.error, run.env_steps
+        gtr = run.algorithm != "rl4vlm"
+        totals = run_totals(s, run_id) if gtr else {}
     table = Table(title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps")
     cols = summary_columns(metrics)
     table.add_column("metric")
@@ -137,9 +154,22 @@ def print_summary(run_id: int, seconds: float) -> None:
             table.add_row(k, *(_fmt(v) if isinstance(v, int | float) else "" for v in cells))
     console = Console()
     console.print(table)
+    if gtr:
+        console.print(_corrections_line(totals), soft_wrap=True)
     if error:
         console.print(f"[red]error:[/red] {error}")
     console.print(
         f"Browse the run: [bold]gtr token create me[/bold], then [bold]gtr serve[/bold] and open "
         f"http://127.0.0.1:8000/runs/{run_id}"
     )
+
+
+def _corrections_line(totals: dict[str, Any]) -> str:
+    """The run's corrections in one line, red when more than half failed."""
+    from services.controller.correction_stats import describe
+
+    calls = int(totals.get("corrector_calls", 0))
+    text = f"corrections: {describe(totals)}" + (f"; {calls} corrector calls" if calls else "")
+    if totals.get("corrections_alarm"):
+        return f"[red]{text}: most corrections FAILED, the run trained without them[/red]"
+    return text

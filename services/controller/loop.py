@@ -47,8 +47,9 @@ def backends(cfg: RunConfig, settings: Settings, run_id: int | None = None) -> d
         corrections: Any = CeleryCorrections(cfg.corrector.name)
         trainer: Any = CeleryTrainer(lost_after_s=settings.trainer_lost_after_s)
     else:
+        c = cfg.corrector
         corrections = ThreadCorrections(
-            cfg.corrector.name, cfg.corrector.noise, cfg.seed, settings, run_id=run_id
+            c.name, c.noise, cfg.seed, settings, run_id=run_id, inline=c.inline()
         )
         trainer = InProcessTrainer()
     if not cfg.uses_corrector:

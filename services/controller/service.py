@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -25,6 +26,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from services.controller import correction_stats as CS
 from services.controller import metrics as M
 from services.controller.backends import (
     BROKER_ERRORS,
@@ -53,6 +55,8 @@ from shared.storage import blob_store
 log = logging.getLogger("gtr.controller")
 
 PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
+# A correction's finished_at is stamped before its row commits: look back this far for late ones.
+LATE_MARGIN = timedelta(seconds=120)
 
 
 class Cancelled(Exception):
@@ -138,6 +142,7 @@ class RunDriver:
         self.cancel_seen = False  # the recorder thread saw the run's cancel flag
         self._envs_update = -1  # the update whose seeds the open env sessions have
         self.sweep: CorrectionSweep | None = None
+        self._stats_at: datetime | None = None  # correction figures are current up to this
         if corrections is not None and self.cfg.uses_corrector:
             c = self.cfg.corrector
             self.sweep = CorrectionSweep(corrections, run_id, c.name, c.wait_timeout_s)
@@ -596,22 +601,19 @@ class RunDriver:
         return bool(thought_matches_state(self.cfg.task, thought, state))
 
     def _correction_stats(self, s: Session, u: int) -> dict[str, float]:
-        rows = s.execute(
-            select(
-                Correction.status, Correction.verdict, Correction.latency_ms, Correction.tokens
-            ).where(Correction.run_id == self.run_id, Correction.update_idx == u)
-        ).all()
-        done = [r for r in rows if r.status == "done"]
-        out: dict[str, float] = {
-            "corrections": float(len(rows)),
-            "corrections_failed": float(sum(r.status == "failed" for r in rows)),
-        }
-        if done:
-            out["corrected_rate"] = sum(r.verdict == "incorrect" for r in done) / len(done)
-            lat = [r.latency_ms for r in done if r.latency_ms is not None]
-            out["corrector_latency_ms"] = float(np.mean(lat)) if lat else 0.0
-            out["corrector_tokens"] = float(sum(r.tokens for r in done))
-        return out
+        """Update ``u``'s correction figures; earlier updates whose corrections came late are
+        recomputed too, so no update keeps a snapshot."""
+        since, self._stats_at = self._stats_at, utcnow() - LATE_MARGIN
+        CS.refresh_late(s, self.run_id, since, before=u)
+        return CS.update_figures(s, self.run_id, u)
+
+    def _refresh_corrections(self) -> None:
+        """At the end: the late corrections (the pool drained, the sweep settled) counted."""
+        try:
+            with session_scope() as s:
+                CS.refresh_late(s, self.run_id, self._stats_at, before=None)
+        except Exception:  # the figures are a view; the run's status must still be written
+            log.exception("run %s: refreshing the correction figures failed", self.run_id)
 
     def _restore_success_window(self, s: Session) -> None:
         from shared.db.models import Episode
@@ -640,6 +642,8 @@ class RunDriver:
                 self.corrections.close()
             except Exception:
                 log.exception("closing the correction pool")
+        if self.corrections is not None:
+            self._refresh_corrections()
         with session_scope() as s:
             run = s.get(Run, self.run_id)
             assert run is not None

@@ -43,15 +43,60 @@ class Answer(BaseModel):
 
 
 def load_json_object(content: str) -> dict[str, Any]:
-    """The answer's JSON object; code fences around it are tolerated."""
+    """The answer's JSON object; code fences around it, or prose before and after it (a server
+    without structured output), are tolerated."""
     match = _FENCE.match(content)
     try:
         value = json.loads(match.group(1) if match else content)
     except ValueError as e:
-        raise CorrectorError("malformed", f"answer is not JSON ({e})", raw=content) from e
+        value = _embedded_object(content)
+        if value is None:
+            raise CorrectorError("malformed", f"answer is not JSON ({e})", raw=content) from e
     if not isinstance(value, dict):
         raise CorrectorError("malformed", "answer is not a JSON object", raw=content)
     return value
+
+
+def _embedded_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in free text that has an "evaluation" key, if any."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start >= 0:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and "evaluation" in value:
+            return value
+        start = text.find("{", start + 1)
+    return None
+
+
+def answer_schema(task: str, thought_keys: list[str]) -> dict[str, Any]:
+    """The JSON schema of the answer the prompt asks for, sent as structured output: servers
+    that constrain decoding (llama.cpp grammars, vLLM guided decoding) then always parse."""
+    from services.corrector.prompts import QUESTIONS
+
+    answers = [f"answer{i + 1}" for i in range(len(QUESTIONS.get(task, [])))]
+    # Bounded strings: a small model under a grammar otherwise rambles into max_tokens.
+    props: dict[str, Any] = {a: {"type": "string", "maxLength": 300} for a in answers}
+    props["evaluation"] = {"type": "string", "enum": ["YES", "NO"]}
+    value = {"anyOf": [{"type": "string", "maxLength": 100}, {"type": "number"}]}
+    thought = {
+        "type": "object",
+        "properties": {
+            k: {"type": "string", "maxLength": 300} if k == "thoughts" else value
+            for k in thought_keys
+        },
+        "required": list(thought_keys),
+    }
+    props["correction"] = {"anyOf": [{"type": "null"}, thought]}
+    required = [*answers, "evaluation", "correction"]
+    if task == "points24":
+        props["possible_solution"] = {"type": "string", "enum": ["YES", "NO"]}
+        props["target_formula"] = {"type": "string"}
+        required += ["possible_solution", "target_formula"]
+    return {"type": "object", "properties": props, "required": required}
 
 
 def _corrected(correction: dict[str, Any] | str | None, keys: list[str], raw: str) -> str:

@@ -8,12 +8,22 @@ becomes a training target.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.schemas import Correction, CorrectionRequest
 
-FAILURE_KINDS = ("malformed", "transport", "budget", "circuit_open", "config", "input")
+FAILURE_KINDS = (
+    "malformed",
+    "transport",
+    "budget",
+    "circuit_open",
+    "config",
+    "input",
+    "timeout",  # no answer came within the run's wait (written by the controller)
+    "skipped",  # never sent: e.g. `skipped: backlog` (written by the controller)
+)
 
 
 class CorrectorError(RuntimeError):
@@ -42,6 +52,10 @@ class CallTrace:
     tokens: int = 0
     raw: str | None = None  # the last raw answer, kept for audits
     budget: Spend | None = None  # the run's budget, charged by every attempt and its tokens
+    # Asked once a slot at the endpoint is free, before anything is sent: False = the step is
+    # settled meanwhile (a timeout recorded it), so it is not sent at all.
+    wanted: Callable[[], bool] | None = None
+    slot: int = 0  # the ticket of the endpoint slot this correction holds
 
 
 class Corrector(Protocol):

@@ -130,8 +130,25 @@ def user_prompt(
 
 
 def describe_state(state: dict[str, Any]) -> str:
-    """A text stand-in for the image, for endpoints without vision."""
-    return "[Observation, as text instead of the image] " + json.dumps(state, ensure_ascii=False)
+    """The observation as text, for endpoints without vision."""
+    return "[Observation] " + json.dumps(state, ensure_ascii=False)
+
+
+# How the prompts above speak of the image, and what a text-only model reads instead.
+_TEXT_ONLY = (
+    ("The image shows", "The observation shows"),
+    ("looked at the image", "read the observation"),
+    ("in the image", "in the observation"),
+    ("the image", "the observation"),
+    ("image", "observation"),
+)
+
+
+def text_only(text: str) -> str:
+    """A prompt for a model that gets the state as text: no mention of an image is left."""
+    for seen, read in _TEXT_ONLY:
+        text = text.replace(seen, read)
+    return text
 
 
 def inline_solutions(solutions: str) -> str:

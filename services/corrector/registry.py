@@ -96,6 +96,21 @@ def _check_row(row: models.Corrector, settings: Settings) -> None:
     row.params = _check_params(row.kind, row.params or {})
 
 
+def inline_row(cfg: dict[str, Any], settings: Settings) -> models.Corrector:
+    """An unsaved registry row for a run config's inline corrector, checked like a registered
+    one (URL rules, params)."""
+    row = models.Corrector(
+        name=cfg.get("name") or "inline",
+        kind=cfg.get("kind"),
+        base_url=cfg.get("base_url"),
+        model=cfg.get("model"),
+        params=dict(cfg.get("params") or {}),
+        api_key_env=cfg.get("api_key_env"),
+    )
+    _check_row(row, settings)
+    return row
+
+
 def create_corrector(
     session: Session, body: CorrectorCreate, team: str, settings: Settings
 ) -> models.Corrector:
@@ -213,12 +228,21 @@ def try_corrector(
     """One sample correction without retries; reports the verdict and latency, or the error."""
     sample = sample_request(task, seed)
     start = time.perf_counter()
+    trace = CallTrace()
     try:
         corrector = corrector_from_row(row, settings, overrides={"max_retries": 0})
-        result = corrector.correct(sample, CallTrace())
+        result = corrector.correct(sample, trace)
     except CorrectorError as e:
-        # A category, never the remote's text: /test must not read other hosts' answers back.
-        return CorrectorTestResult(ok=False, latency_ms=_ms(start), error=public_error(e))
+        # A category, never the remote's error text: /test must not read other hosts' answers
+        # back. The model's own answer (raw) is shown: it is what the user came to debug.
+        return CorrectorTestResult(
+            ok=False,
+            latency_ms=_ms(start),
+            error=public_error(e),
+            raw=(e.raw or trace.raw) if e.kind != "transport" else None,
+            tokens=trace.tokens,
+            attempts=trace.attempts,
+        )
     except Exception:  # noqa: BLE001 - e.g. a stored key no HTTP header can carry
         log.exception("sample call of corrector %s failed", row.name)
         return CorrectorTestResult(
@@ -230,6 +254,8 @@ def try_corrector(
         corrected_thought=result.corrected_thought,
         latency_ms=_ms(start),
         tokens=result.tokens,
+        raw=trace.raw,
+        attempts=trace.attempts,
     )
 
 

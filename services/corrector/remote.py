@@ -5,27 +5,37 @@ a circuit breaker per endpoint."""
 from __future__ import annotations
 
 import logging
-import threading
+import re
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.corrector import prompts
-from services.corrector.answers import to_correction
-from services.corrector.base import CallTrace, CorrectorError, parse_agent_output, thought_of
+from services.corrector.answers import answer_schema, to_correction
+from services.corrector.base import (
+    FAILURE_KINDS,
+    CallTrace,
+    CorrectorError,
+    parse_agent_output,
+    thought_of,
+)
 from services.corrector.egress import check_destination
 from services.corrector.resilience import (
+    AdaptiveLimit,
     Budget,
     CircuitBreaker,
     Retryable,
     RetryPolicy,
     breaker_for,
     call_with_retries,
+    limit_for,
     parse_retry_after,
 )
 from services.corrector.tools import FIND_ALL_TOOL, card_value, run_tool, solve_text
@@ -54,16 +64,28 @@ class RemoteParams(BaseModel):
     retry_after_max_s: float = Field(
         default=60.0, ge=0, le=3600, description="Longest Retry-After honoured"
     )
-    concurrency: int = Field(default=8, ge=1, le=1024, description="Requests in flight at once")
+    concurrency: int = Field(
+        default=8, ge=1, le=1024, description="Most requests in flight at once, per process"
+    )
+    concurrency_start: int = Field(
+        default=1, ge=1, le=1024, description="Requests in flight at first; AIMD grows it"
+    )
+    adaptive: bool = Field(
+        default=True, description="AIMD: grow while latency holds, halve on timeout/429/503"
+    )
     vision: bool = Field(
-        default=True, description="Send the image; False = a text description of the state"
+        default=False, description="The model reads images: send them; False = text-only prompt"
     )
     tools: bool = Field(
         default=True,
         description="Points24 solver tool (inlined if the endpoint refuses tool calls); False = "
         "no solver at all, the paper's no-tool ablation",
     )
-    json_mode: bool = Field(default=True, description="Ask for response_format json_object")
+    json_mode: bool = Field(default=True, description="Ask for structured output at all")
+    structured: Literal["auto", "json_schema", "json_object", "none"] = Field(
+        default="auto",
+        description="auto: a JSON schema, then json_object, then free text, as the server allows",
+    )
     max_tool_rounds: int = Field(
         default=3, ge=1, le=10, description="Tool rounds before a tool-less final call"
     )
@@ -81,7 +103,7 @@ class RemoteParams(BaseModel):
 
 
 class _Remote(ABC):
-    """What both remote correctors share: breaker, semaphore, budget, timing."""
+    """What both remote correctors share: breaker, adaptive limit, budget, timing."""
 
     def __init__(
         self, base_url: str, params: RemoteParams | dict[str, Any] | None, budget: Budget | None
@@ -92,14 +114,34 @@ class _Remote(ABC):
         self.breaker: CircuitBreaker = breaker_for(
             self.base_url, self.params.breaker_threshold, self.params.breaker_cooldown_s
         )
-        self._slots = threading.BoundedSemaphore(self.params.concurrency)
+        p = self.params
+        self.limit: AdaptiveLimit = limit_for(
+            self.base_url, p.concurrency, p.concurrency_start, p.adaptive
+        )
+
+    @contextmanager
+    def _timed(self, trace: CallTrace) -> Iterator[None]:
+        """One request; the endpoint's adaptive limit learns from how it ends."""
+        start = time.perf_counter()
+        try:
+            yield
+        except Retryable as e:
+            self.limit.feedback(trace.slot, None, e.overload)
+            raise
+        self.limit.feedback(trace.slot, time.perf_counter() - start, False)
 
     def correct(self, req: CorrectionRequest, trace: CallTrace | None = None) -> Correction:
         trace = trace or CallTrace()
         check_destination(self.base_url)  # every call: the name may resolve elsewhere by now
         start = time.perf_counter()
         self.breaker.before_call()
+        # One slot per correction (its retries and tool rounds included): a step waits here,
+        # unsent, while the endpoint is busy, and is dropped if it was settled meanwhile.
+        trace.slot = self.limit.acquire()
+        start = time.perf_counter()  # the latency leaves out the wait for a slot
         try:
+            if trace.wanted is not None and not trace.wanted():
+                raise CorrectorError("skipped", "settled while it waited for a free slot")
             correction = self._correct(req, trace)
         except CorrectorError as e:
             # Only a failing endpoint opens the circuit; a bad answer proves the endpoint is up.
@@ -113,6 +155,8 @@ class _Remote(ABC):
         except BaseException:
             self.breaker.release()
             raise
+        finally:
+            self.limit.release()
         self.breaker.record_success()
         return correction.model_copy(
             update={"tokens": trace.tokens, "latency_ms": (time.perf_counter() - start) * 1000}
@@ -141,11 +185,18 @@ class Rejected(CorrectorError):
     """HTTP 400/422: the endpoint refused the request as formed."""
 
 
+# Structured output, most to least constrained; a server refusing one (400/422) gets the next.
+# llama-cpp-python knows only json_object, but takes a schema inside it (grammar-constrained).
+LEVELS = ("json_schema", "json_object_schema", "json_object", "none")
+_FIRST_LEVEL = {"auto": 0, "json_schema": 0, "json_object": 2, "none": 3}
+
+
 @dataclass(frozen=True)
 class _Call:
     tools: bool  # offer the solver tool in this request
-    json_mode: bool  # ask for response_format json_object
+    level: str  # one of LEVELS
     max_tokens: int
+    schema: dict[str, Any] | None = None  # the answer's JSON schema
 
 
 class OpenAICorrector(_Remote):
@@ -161,7 +212,9 @@ class OpenAICorrector(_Remote):
     ) -> None:
         super().__init__(base_url, params, budget)
         self.model = model
-        self._plain = False  # set once the endpoint refused tools or response_format
+        # What the endpoint accepts, learnt from its refusals (400/422) and kept from then on.
+        self._tools_ok = self.params.tools
+        self._level = _FIRST_LEVEL[self.params.structured] if self.params.json_mode else 3
         self.client = openai.OpenAI(
             api_key=api_key or "not-needed",
             base_url=self.base_url,
@@ -172,18 +225,36 @@ class OpenAICorrector(_Remote):
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
         output = parse_agent_output(req.output)
         keys = list(thought_of(output)) if output else ["thoughts"]
-        try:
-            content = self._ask(req, output, keys, trace, plain=self._plain)
-        except Rejected:
-            if self._plain or not (self.params.tools or self.params.json_mode):
-                raise
-            # Many servers (vLLM without tool parsing, older llama.cpp) refuse tools or
-            # response_format with a 400: go on without them, with the solver's answer inlined.
-            log.warning("%s refused tools/response_format; continuing without", self.base_url)
-            self._plain = True
-            content = self._ask(req, output, keys, trace, plain=True)
+        while True:
+            try:
+                content = self._ask(req, output, keys, trace)
+                break
+            except Rejected as e:
+                if not self._degrade(req, e):
+                    raise
         trace.raw = content[:20_000]  # audit copy; a huge answer must not bloat the table
         return to_correction(req.task, content, keys)
+
+    def _degrade(self, req: CorrectionRequest, e: Rejected) -> bool:
+        """After a refusal, ask for less: first no tools (the solver's answer inlined), then a
+        weaker structured output. False when nothing is left to drop."""
+        if req.task == "points24" and self._tools_ok:
+            self._tools_ok = False
+        elif self._level < len(LEVELS) - 1:
+            self._level += 1
+        else:
+            if self.params.vision and req.image_png_b64:
+                e.reason += " (the request carried an image: for a text-only model set "
+                e.reason += "params.vision = false)"
+            return False
+        log.warning(
+            "%s refused a request (%s); now tools=%s, structured output=%s",
+            self.base_url,
+            e.reason,
+            self._tools_ok,
+            LEVELS[self._level],
+        )
+        return True
 
     def _ask(
         self,
@@ -191,12 +262,12 @@ class OpenAICorrector(_Remote):
         output: dict[str, Any] | None,
         keys: list[str],
         trace: CallTrace,
-        plain: bool,
     ) -> str:
         call = _Call(
-            tools=req.task == "points24" and self.params.tools and not plain,
-            json_mode=self.params.json_mode and not plain,
+            tools=req.task == "points24" and self._tools_ok,
+            level=LEVELS[self._level],
             max_tokens=self.params.max_tokens or (600 if req.task == "alfworld" else 400),
+            schema=answer_schema(req.task, keys),
         )
         # The solver's answer is inlined only for an endpoint that refused tool calls; with
         # tools off there is no solver at all (the no-tool ablation).
@@ -208,20 +279,22 @@ class OpenAICorrector(_Remote):
     ) -> list[dict[str, Any]]:
         system, text = self._prompt(req, output, keys)
         if not self.params.vision:
-            if req.state is None:
-                raise CorrectorError(
-                    "input", "vision is off and the request has no state to describe"
-                )
-            text = prompts.describe_state(req.state) + "\n" + text
+            # Text-only: the prompt speaks of the observation below, never of an image.
+            system = prompts.text_only(system)
+            seen = prompts.describe_state(req.state) if req.state else f"[Prompt] {req.prompt}"
+            text = seen + "\n" + prompts.text_only(text)
         if inline and req.state is not None:
             text += "\n" + prompts.inline_solutions(solve_text(_card_numbers(req.state)))
-        parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        content: str | list[dict[str, Any]] = text  # a plain string: every chat template reads it
         if self.params.vision and req.image_png_b64:
             url = f"data:image/png;base64,{req.image_png_b64}"
-            parts.append({"type": "image_url", "image_url": {"url": url}})
+            content = [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": url}},
+            ]
         return [
             {"role": "system", "content": system},
-            {"role": "user", "content": parts},
+            {"role": "user", "content": content},
         ]
 
     def _prompt(
@@ -278,13 +351,15 @@ class OpenAICorrector(_Remote):
             "temperature": self.params.temperature,
             "max_tokens": call.max_tokens,
         }
-        if call.json_mode:
+        if call.level != "none" and not call.tools:  # a schema would forbid the tool call
+            kwargs["response_format"] = _response_format(call.level, call.schema)
+        elif call.level != "none":
             kwargs["response_format"] = {"type": "json_object"}
         if call.tools:
             kwargs.update(tools=[FIND_ALL_TOOL], tool_choice="auto")
 
         def send() -> Any:
-            with self._slots:
+            with self._timed(trace):
                 return self._send(kwargs)
 
         response = call_with_retries(send, self.params.retry_policy(), trace, self.budget)
@@ -301,14 +376,20 @@ class OpenAICorrector(_Remote):
         try:
             return self.client.chat.completions.create(**kwargs)
         except openai.APITimeoutError as e:
-            raise Retryable("timeout") from e
+            raise Retryable("timeout", overload=True) from e
         except openai.APIConnectionError as e:
-            raise Retryable(f"connection failed ({e.__cause__ or e})") from e
+            raise Retryable(f"connection failed ({e.__cause__ or e})", overload=True) from e
         except openai.APIStatusError as e:
-            if e.status_code == 429 or e.status_code >= 500:
-                raise Retryable(f"HTTP {e.status_code}", _retry_after(e.response.headers)) from e
             body = e.body.get("message", e.message) if isinstance(e.body, dict) else e.message
             reason = f"HTTP {e.status_code}: {str(body)[:300]}"
+            if e.status_code >= 500 and _REFUSAL.search(str(body)):
+                # llama-cpp-python answers a request it cannot validate with a 500: retrying
+                # the same body cannot help, asking for less can.
+                raise Rejected("transport", reason) from e
+            if e.status_code == 429 or e.status_code >= 500:
+                wait = _retry_after(e.response.headers)
+                shed = e.status_code in OVERLOAD_STATUS
+                raise Retryable(f"HTTP {e.status_code}", wait, overload=shed) from e
             if e.status_code in (400, 422):
                 raise Rejected("transport", reason) from e
             raise CorrectorError("transport", reason) from e
@@ -334,7 +415,7 @@ class HttpCorrector(_Remote):
         body = req.model_dump(mode="json")
 
         def send() -> httpx.Response:
-            with self._slots:
+            with self._timed(trace):
                 return self._send(body)
 
         response = call_with_retries(send, self.params.retry_policy(), trace, self.budget)
@@ -352,14 +433,52 @@ class HttpCorrector(_Remote):
         try:
             response = self.client.post(f"{self.base_url}/v1/correct", json=body)
         except httpx.TimeoutException as e:
-            raise Retryable("timeout") from e
+            raise Retryable("timeout", overload=True) from e
         except httpx.TransportError as e:
-            raise Retryable(f"connection failed ({e})") from e
-        if response.status_code == 429 or response.status_code >= 500:
-            raise Retryable(f"HTTP {response.status_code}", _retry_after(response.headers))
-        if response.status_code != 200:
-            raise CorrectorError("transport", f"HTTP {response.status_code}: {response.text[:300]}")
+            raise Retryable(f"connection failed ({e})", overload=True) from e
+        code = response.status_code
+        if code == 429 or code >= 500:
+            shed = code in OVERLOAD_STATUS
+            raise Retryable(f"HTTP {code}", _retry_after(response.headers), overload=shed)
+        if code != 200:
+            raise _protocol_error(response)
         return response
+
+
+def _protocol_error(response: httpx.Response) -> CorrectorError:
+    """A 4xx of `POST /v1/correct`: our services say `{"detail": {"kind", "reason", "raw"}}`,
+    so an unusable model answer (422, never retried) keeps its kind, reason and raw answer."""
+    detail: Any = None
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        pass
+    if isinstance(detail, dict) and detail.get("kind") in FAILURE_KINDS:
+        raw = detail.get("raw")
+        return CorrectorError(
+            str(detail["kind"]),
+            f"{detail.get('reason', '')} (HTTP {response.status_code})",
+            raw if isinstance(raw, str) else None,
+        )
+    return CorrectorError("transport", f"HTTP {response.status_code}: {response.text[:300]}")
+
+
+# Statuses that mean the server sheds load (back off), unlike a 500 that means it is broken.
+OVERLOAD_STATUS = (429, 503, 504)
+# A 5xx whose message says the request's shape was refused (what some servers answer for a
+# parameter they do not know) is a refusal, not an outage.
+_REFUSAL = re.compile(r"validation error|response_format|json_schema|tool_choice", re.IGNORECASE)
+
+
+def _response_format(level: str, schema: dict[str, Any] | None) -> dict[str, Any]:
+    if level == "json_schema" and schema is not None:
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": "correction", "schema": schema, "strict": False},
+        }
+    if level == "json_object_schema" and schema is not None:
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_object"}
 
 
 def _current_formula(req: CorrectionRequest, output: dict[str, Any] | None) -> str | None:

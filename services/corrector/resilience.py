@@ -23,9 +23,12 @@ class BudgetExceeded(CorrectorError):
 class Retryable(Exception):
     """A failure worth retrying (429, 5xx, timeout, connection); may carry the server's wait."""
 
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, reason: str, retry_after: float | None = None, overload: bool = False
+    ) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
+        self.overload = overload  # the server shed load (timeout, 429, 503): send less at once
 
 
 class Budget:
@@ -169,3 +172,78 @@ def call_with_retries(
             if attempt < policy.max_retries:
                 time.sleep(policy.delay(attempt, e.retry_after))
     raise CorrectorError("transport", f"gave up after {policy.max_retries + 1} attempts: {last}")
+
+
+class AdaptiveLimit:
+    """How many requests an endpoint gets at once, found by AIMD (TCP's congestion control):
+    start at `start`, add one after a window of `limit` calls whose latency held (below
+    `slow_factor` x the best seen), halve on an overload (timeout, 429, 503, refused connection).
+
+    A server that answers one request at a time so settles at 1-2 in flight instead of timing
+    out a queue of 8; a fast pool grows to `max_limit`. `adaptive=False`: always `max_limit`."""
+
+    def __init__(
+        self, max_limit: int, start: int = 1, adaptive: bool = True, slow_factor: float = 2.0
+    ) -> None:
+        self.max_limit, self.adaptive, self.slow_factor = max_limit, adaptive, slow_factor
+        self.limit = min(max(start, 1), max_limit) if adaptive else max_limit
+        self.in_flight = 0
+        self.best_s: float | None = None  # lowest latency seen: the unloaded server
+        self.peak_in_flight = 0  # the most requests ever in flight at once
+        self.cuts = 0  # how often the limit was halved
+        self._window = 0  # calls answered in time since the limit last changed
+        self._issued = 0  # tickets handed out, in order
+        self._cut_after = 0  # calls issued before the last cut do not cut again
+        self._cond = threading.Condition()
+
+    def acquire(self) -> int:
+        """Waits for a slot; returns the call's ticket for `release`."""
+        with self._cond:
+            while self.in_flight >= self.limit:
+                self._cond.wait()
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self._issued += 1
+            return self._issued
+
+    def release(self) -> None:
+        with self._cond:
+            self.in_flight -= 1
+            self._cond.notify_all()
+
+    def feedback(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:
+        """How one request of the call holding `ticket` went: its latency when it was answered,
+        `overloaded` when the server shed it."""
+        if not self.adaptive:
+            return
+        with self._cond:
+            self._adapt(ticket, latency_s, overloaded)
+            self._cond.notify_all()
+
+    def _adapt(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:
+        if overloaded:
+            # Calls sent at the old limit fail together: one cut per round trip, as TCP does.
+            if ticket > self._cut_after:
+                self.limit, self.cuts = max(1, self.limit // 2), self.cuts + 1
+                self._cut_after, self._window = self._issued, 0
+            return
+        if latency_s is None:
+            return
+        self.best_s = latency_s if self.best_s is None else min(self.best_s, latency_s)
+        if latency_s > self.slow_factor * self.best_s:
+            return  # requests queue at the server: hold
+        self._window += 1
+        if self._window >= self.limit and self.limit < self.max_limit:
+            self.limit, self._window = self.limit + 1, 0
+
+
+_LIMITS: dict[str, AdaptiveLimit] = {}
+
+
+def limit_for(url: str, max_limit: int, start: int, adaptive: bool) -> AdaptiveLimit:
+    """One limit per endpoint (and settings) and process: all its callers share the server."""
+    key = f"{url}|{max_limit}|{start}|{adaptive}"
+    with _BREAKERS_LOCK:
+        if key not in _LIMITS:
+            _LIMITS[key] = AdaptiveLimit(max_limit, start, adaptive)
+        return _LIMITS[key]

@@ -12,14 +12,15 @@ from shared.service_auth import excerpt
 
 router = APIRouter()
 
-# How each failure kind answers over HTTP; 5xx and 429 tell clients to retry.
+# How each failure kind answers over HTTP; 5xx and 429 tell clients to retry. An unusable model
+# answer is 422, not 502: asking the same model again would only multiply the calls.
 STATUS = {
     "input": 422,
+    "malformed": 422,
     "config": 500,
     "budget": 429,
     "circuit_open": 503,
     "transport": 502,
-    "malformed": 502,
 }
 
 
@@ -42,7 +43,11 @@ def correct(req: CorrectionRequest, request: Request) -> Correction:
     try:
         return request.app.state.corrector.correct(req)
     except CorrectorError as e:
-        detail = {"kind": e.kind, "reason": excerpt(e.reason)}
+        detail = {
+            "kind": e.kind,
+            "reason": excerpt(e.reason),
+            "raw": (e.raw or "")[:20_000] or None,  # the model's answer, for the caller to audit
+        }
         raise HTTPException(STATUS.get(e.kind, 502), detail) from e
     except (KeyError, IndexError, TypeError, ValueError) as e:
         # The oracle reads the privileged state: one lacking the task's keys is the caller's.

@@ -140,6 +140,8 @@ class CorrectorTestResult(BaseModel):
     latency_ms: float
     tokens: int = 0
     error: str | None = None
+    raw: str | None = Field(default=None, description="The model's answer as it came")
+    attempts: int = Field(default=0, description="HTTP requests the test made")
 
 
 class CorrectorStats(BaseModel):

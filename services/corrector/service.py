@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select, update
@@ -54,17 +55,30 @@ def build_corrector(
     budget: Budget | None = None,
     team: str | None = None,
     run_id: int | None = None,
+    inline: dict[str, Any] | None = None,
 ) -> Corrector:
-    """'oracle' or 'self_teacher' (built in; the latter serves run ``run_id``) or a registered
-    corrector, by name; with `team` (the run's), only one of that team's or a shared one:
-    another team's key never serves this team's steps."""
+    """'oracle' or 'self_teacher' (built in; the latter serves run ``run_id``), the run config's
+    `inline` one, or a registered corrector by name; with `team` (the run's), only one of that
+    team's or a shared one: another team's key never serves this team's steps."""
+    if inline is not None:
+        from services.corrector.registry import RegistryError, inline_row
+
+        try:
+            made = inline_row(inline, settings)
+        except RegistryError as e:
+            raise CorrectorError("config", f"the run's inline corrector: {e}") from e
+        return corrector_from_row(made, settings, noise=noise, seed=seed, budget=budget)
     if name == ORACLE:
         return OracleCorrector(noise=noise, seed=seed)
     if name == SELF_TEACHER:
         return _self_teacher(session, run_id)
     row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
     if row is None:
-        raise CorrectorError("config", f"no corrector named '{name}' is registered")
+        raise CorrectorError(
+            "config",
+            f"no corrector named '{name}' is registered (gtr corrector add, or define it inline "
+            "in the run's [corrector] with kind and base_url)",
+        )
     if team is not None and not usable_by(row, team):
         raise CorrectorError("config", f"corrector '{name}' is not available to team '{team}'")
     return corrector_from_row(row, settings, noise=noise, seed=seed, budget=budget)
@@ -73,6 +87,8 @@ def build_corrector(
 def usable_by(row: models.Corrector, team: str) -> bool:
     """A run may use its own team's correctors and those an admin marked shared."""
     return row.team == team or bool(row.shared)
+
+
 def _self_teacher(session: Session, run_id: int | None) -> Corrector:
     from services.corrector.self_teacher import SelfTeacherCorrector
     from shared.schemas import RunConfig
@@ -140,6 +156,7 @@ def record_correction(
     corrector_name: str,
     corrector: Corrector,
     blobs: BlobStore | None = None,
+    on_send: Callable[[], None] | None = None,
 ) -> models.Correction:
     """Corrects one step once: an existing done/failed row is returned and nothing is called.
 
@@ -152,7 +169,7 @@ def record_correction(
     row = _existing(session, step_id, corrector_name)
     if row is not None and row.status in ("done", "failed"):
         return row
-    values = _outcome(session, step, corrector_name, corrector, blobs or blob_store())
+    values = _outcome(session, step, corrector_name, corrector, blobs or blob_store(), on_send)
     if row is None:
         try:
             with session.begin_nested():
@@ -180,11 +197,26 @@ def record_correction(
 
 
 def _outcome(
-    session: Session, step: models.Step, name: str, corrector: Corrector, blobs: BlobStore
+    session: Session,
+    step: models.Step,
+    name: str,
+    corrector: Corrector,
+    blobs: BlobStore,
+    on_send: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The columns of the step's correction: the result, or the failure and its reason."""
     budget = run_budget(session, step.run_id, name)
-    trace = CallTrace(budget=budget)
+
+    def wanted() -> bool:
+        """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog)"""
+        row = _existing(session, step.id, name)
+        if row is not None and row.status != "pending":
+            return False
+        if on_send is not None:
+            on_send()
+        return True
+
+    trace = CallTrace(budget=budget, wanted=wanted)
     start = time.perf_counter()
     try:
         if budget is not None:

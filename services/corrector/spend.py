@@ -89,12 +89,14 @@ class RunBudget:
 
 
 def run_budget(session: Session, run_id: int, corrector: str) -> RunBudget | None:
-    """The run's budget for `corrector`, or None when its config sets none."""
+    """The run's budget for `corrector`. Without limits it still counts every call (retries and
+    duplicate deliveries included), so the spend a run shows is what the endpoint saw; only the
+    built-in oracle, which calls nothing, has none."""
+    if corrector == "oracle":
+        return None
     run = session.get(Run, run_id)
     cfg: dict[str, Any] = (run.config or {}).get("corrector", {}) if run else {}
     max_calls, max_tokens = cfg.get("max_calls"), cfg.get("max_tokens")
-    if max_calls is None and max_tokens is None:
-        return None
     # Reservations commit on connections of their own, never inside the caller's transaction.
     engine = session.get_bind().engine
     return RunBudget(engine, run_id, corrector, max_calls, max_tokens)

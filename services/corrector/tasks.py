@@ -27,10 +27,11 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     cfg = (run.config or {}).get("corrector", {}) if run else {}
     noise, seed = float(cfg.get("noise", 0.0)), int((run.config or {}).get("seed", 0)) if run else 0
     team = run.team if run else None
-    key_parts: list[Any] = [name, noise, seed, team]
+    inline = cfg if cfg.get("kind") else None
+    key_parts: list[Any] = [name, noise, seed, team, inline]
     if name == SELF_TEACHER:
         return _self_teacher(session, run)
-    if name != ORACLE:
+    if name != ORACLE and inline is None:
         row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
         if row is not None:
             key_parts += [
@@ -48,7 +49,7 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     with _CACHE_LOCK:
         if key not in _CACHE:
             _CACHE[key] = build_corrector(
-                name, session, get_settings(), noise=noise, seed=seed, team=team
+                name, session, get_settings(), noise=noise, seed=seed, team=team, inline=inline
             )
         return _CACHE[key]
 

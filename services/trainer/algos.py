@@ -171,6 +171,8 @@ def dagger_sft_scale(labelled: int, drawn: int) -> float:
     labelled one, so a minibatch's SFT gradient is (1/B)·Σ_labelled CE_i ≈ (k/B)·mean CE.
     """
     return labelled / drawn if drawn > 0 else 0.0
+
+
 # ---- group-relative advantages (GRPO; episode groups as verl-agent's GiGPO) -------------------
 
 

@@ -69,6 +69,8 @@ class FakeOpenAI:
         self.default: Reply | None = None
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        # Set: one request at a time, like llama.cpp's server with one slot; the others queue.
+        self.serial: threading.Lock | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -90,7 +92,11 @@ class FakeOpenAI:
                     )
                     reply = fake.script.pop(0) if fake.script else fake.default
                 reply = reply or Reply(status=500, body={"error": {"message": "script exhausted"}})
-                time.sleep(reply.delay_s)
+                if fake.serial is not None:
+                    with fake.serial:
+                        time.sleep(reply.delay_s)
+                else:
+                    time.sleep(reply.delay_s)
                 data = (
                     reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
                 ).encode()

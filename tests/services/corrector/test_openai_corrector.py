@@ -61,7 +61,7 @@ def _corrector(fake: FakeOpenAI, budget: Budget | None = None, **params) -> Open
 def test_correct_verdict_and_what_is_sent(fake_openai: FakeOpenAI) -> None:
     fake_openai.then(chat(_answer("YES"), tokens=77))
     trace = CallTrace()
-    result = _corrector(fake_openai).correct(_request(), trace)
+    result = _corrector(fake_openai, vision=True).correct(_request(), trace)
     assert result.verdict == "correct" and result.corrected_thought is None
     assert result.tokens == 77 and trace.attempts == 1 and result.latency_ms > 0
     assert "answer1: current 2" in result.reasoning
@@ -70,7 +70,7 @@ def test_correct_verdict_and_what_is_sent(fake_openai: FakeOpenAI) -> None:
     assert sent["headers"]["authorization"] == "Bearer sk-test-secret"
     body = sent["json"]
     assert body["model"] == "fake-model" and body["temperature"] == 0.4
-    assert body["response_format"] == {"type": "json_object"} and "tools" not in body
+    assert body["response_format"]["type"] == "json_schema" and "tools" not in body
     user = body["messages"][1]["content"]
     assert user[1]["image_url"]["url"].startswith("data:image/png;base64,")
     assert '[Thought] {"current number": 2, "target number": 4' in user[0]["text"]
@@ -96,12 +96,47 @@ def test_incorrect_gives_the_corrected_thought_in_the_agents_key_order(
     ]
 
 
-def test_vision_off_sends_the_state_as_text(fake_openai: FakeOpenAI) -> None:
+def test_vision_off_sends_one_plain_string_that_never_mentions_an_image(
+    fake_openai: FakeOpenAI,
+) -> None:
+    # llama.cpp's chat templates drop list content: a text-only request must be a plain string.
     fake_openai.then(chat(_answer("YES")))
-    _corrector(fake_openai, vision=False).correct(_request())
-    parts = fake_openai.requests[0]["json"]["messages"][1]["content"]
-    assert [p["type"] for p in parts] == ["text"]
-    assert '"target": 4' in parts[0]["text"]
+    _corrector(fake_openai).correct(_request())  # vision is off unless declared
+    system, user = fake_openai.requests[0]["json"]["messages"]
+    assert isinstance(user["content"], str) and isinstance(system["content"], str)
+    assert '"target": 4' in user["content"] and "[Thought]" in user["content"]
+    assert "image" not in (system["content"] + user["content"]).lower()
+
+
+@pytest.mark.parametrize("task", ["numberline", "blackjack", "ezpoints", "points24"])
+def test_text_only_prompts_of_every_task_speak_of_the_observation(task: str) -> None:
+    from services.corrector import prompts
+
+    text = prompts.text_only(
+        prompts.SYSTEM[task] + prompts.user_prompt(task, "t", ["thoughts"], "1+", None)
+    )
+    assert "image" not in text.lower() and "observation" in text
+
+
+def test_structured_output_degrades_step_by_step_as_the_server_refuses(
+    fake_openai: FakeOpenAI,
+) -> None:
+    refused = Reply(400, {"error": {"message": "response_format type not supported"}})
+    prose = "Sure! Here is my verdict:\n" + _answer("YES") + "\nHope this helps."
+    fake_openai.then(refused, refused, refused, chat(prose), chat(_answer("YES")))
+    corrector = _corrector(fake_openai)
+    assert corrector.correct(_request()).verdict == "correct"  # extracted from the prose
+    assert corrector.correct(_request()).verdict == "correct"
+    formats = [r["json"].get("response_format") for r in fake_openai.requests]
+    schema = formats[0]["json_schema"]["schema"]
+    assert formats[0]["type"] == "json_schema"
+    assert schema["properties"]["evaluation"]["enum"] == ["YES", "NO"]
+    correction = schema["properties"]["correction"]["anyOf"][1]
+    assert correction["required"] == ["current number", "target number", "thoughts"]
+    assert schema["required"] == ["answer1", "answer2", "evaluation", "correction"]
+    assert formats[1] == {"type": "json_object", "schema": schema}  # llama-cpp-python's form
+    assert formats[2] == {"type": "json_object"}
+    assert formats[3] is None and formats[4] is None  # remembered: no more refusals
 
 
 @pytest.mark.parametrize(
@@ -237,7 +272,7 @@ def test_alfworld_uses_its_own_prompt_and_keys(fake_openai: FakeOpenAI) -> None:
     assert json.loads(result.corrected_thought or "") == {"thoughts": fixed["thoughts"]}
     body = fake_openai.requests[0]["json"]
     assert body["max_tokens"] == 600
-    assert "[Admissible actions]" in body["messages"][1]["content"][0]["text"]
+    assert "[Admissible actions]" in body["messages"][1]["content"]
 
 
 @pytest.mark.parametrize(
@@ -254,3 +289,23 @@ def test_bodies_that_are_not_chat_completions(fake_openai: FakeOpenAI, body, why
     with pytest.raises(CorrectorError) as err:
         _corrector(fake_openai).correct(_request())
     assert err.value.kind == "malformed" and why in err.value.reason
+
+
+def test_a_500_that_refuses_the_request_shape_steps_down_instead_of_retrying(
+    fake_openai: FakeOpenAI,
+) -> None:
+    # What llama-cpp-python 0.3.36 answers to response_format json_schema.
+    refused = Reply(
+        500,
+        {
+            "error": {
+                "message": "1 validation error: {'loc': ('body', 'response_format', 'type'), "
+                "'msg': \"Input should be 'text' or 'json_object'\"}",
+                "type": "internal_server_error",
+            }
+        },
+    )
+    fake_openai.then(refused, chat(_answer("YES")))
+    assert _corrector(fake_openai).correct(_request()).verdict == "correct"
+    first, second = (r["json"]["response_format"]["type"] for r in fake_openai.requests)
+    assert (first, second) == ("json_schema", "json_object")

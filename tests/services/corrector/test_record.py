@@ -25,7 +25,8 @@ YES = json.dumps({"answer1": "1 and 3", "answer2": "yes", "evaluation": "YES", "
 
 
 def _corrector(fake: FakeOpenAI) -> OpenAICorrector:
-    return OpenAICorrector(fake.url, "m", None, {"max_retries": 1, "backoff_base_s": 0.01})
+    params = {"max_retries": 1, "backoff_base_s": 0.01, "vision": True}
+    return OpenAICorrector(fake.url, "m", None, params)
 
 
 def _count(session, step_id: int) -> int:  # type: ignore[no-untyped-def]

@@ -51,7 +51,7 @@ def test_tool_call_round_trip(fake_openai: FakeOpenAI) -> None:
     assert result.tokens == 90 and trace.attempts == 2
     first, second = (r["json"] for r in fake_openai.requests)
     assert first["tools"][0]["function"]["name"] == TOOL_NAME
-    assert "[Target Formula] 'NOT DETERMINED'" in first["messages"][1]["content"][0]["text"]
+    assert "[Target Formula] 'NOT DETERMINED'" in first["messages"][1]["content"]
     assistant, tool = second["messages"][-2:]
     assert assistant["tool_calls"][0]["id"] == "call_1"
     assert tool == {"role": "tool", "tool_call_id": "call_1", "content": solve_text([10, 4, 2, 1])}
@@ -78,7 +78,8 @@ def test_tools_off_is_a_corrector_without_the_solver(fake_openai: FakeOpenAI) ->
     corrector = OpenAICorrector(fake_openai.url, "m", None, {"tools": False})
     corrector.correct(_request({"cards": [13, 4, 2, 1], "formula": []}))
     body = fake_openai.requests[0]["json"]
-    text = body["messages"][1]["content"][0]["text"]
+    content = body["messages"][1]["content"]  # a plain string: no image unless vision is on
+    text = content if isinstance(content, str) else content[0]["text"]
     assert "tools" not in body
     assert solve_text([10, 4, 2, 1]).split("\n")[0] not in text and TOOL_NAME not in text
     assert "[Target Formula] 'NOT DETERMINED'" in text and "work out a formula" in text
@@ -111,9 +112,9 @@ def test_an_endpoint_refusing_tools_gets_plain_requests(fake_openai: FakeOpenAI)
     corrector.correct(_request(state))
     first, second, third = (r["json"] for r in fake_openai.requests)
     assert "tools" in first and "response_format" in first
-    for body in (second, third):
-        assert "tools" not in body and "response_format" not in body
-        assert solve_text([10, 4, 2, 1]) in body["messages"][1]["content"][0]["text"]
+    for body in (second, third):  # tools dropped first; the schema then constrains the answer
+        assert "tools" not in body and body["response_format"]["type"] == "json_schema"
+        assert solve_text([10, 4, 2, 1]) in body["messages"][1]["content"]
     assert trace.attempts == 2
 
 

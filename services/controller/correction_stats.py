@@ -1,0 +1,119 @@
+"""Correction figures of a run: done / failed / skipped by kind, per update and in total.
+
+Corrections arrive after their update was trained (``corrector.wait = "none"``), so an update's
+figures are recomputed whenever one of its corrections finishes later, never kept as the
+snapshot taken when the update ended. More than half failed or skipped over an update raises
+``corrections_alarm`` in its metrics (the run page, the progress line and the summary show it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from shared.db.models import Correction, CorrectorSpend, Update
+
+PREFIX = "corrections"  # every key written here starts with it, or with "corrector_"
+ALARM_SHARE = 0.5  # failed + skipped above this share of an update's finished corrections
+
+
+def failure_kind(error: str | None) -> str:
+    """The kind an error starts with (``malformed: ...`` -> ``malformed``)."""
+    head = (error or "").split(":", 1)[0].strip()
+    return head if head.isidentifier() else "error"
+
+
+def figures(rows: list[Any]) -> dict[str, float]:
+    """Figures of some corrections; each row has status, verdict, latency_ms, tokens, error."""
+    done = [r for r in rows if r.status == "done"]
+    failed = [r for r in rows if r.status == "failed"]
+    kinds = Counter(failure_kind(r.error) for r in failed)
+    skipped = kinds.pop("skipped", 0)
+    out: dict[str, float] = {
+        "corrections": float(len(rows)),
+        "corrections_done": float(len(done)),
+        "corrections_failed": float(len(failed) - skipped),
+        "corrections_skipped": float(skipped),
+        "corrections_pending": float(len(rows) - len(done) - len(failed)),
+    }
+    out.update({f"corrections_failed/{k}": float(n) for k, n in sorted(kinds.items())})
+    finished = len(done) + len(failed)
+    if finished:
+        out["corrections_failed_rate"] = len(failed) / finished
+        out["corrections_alarm"] = float(len(failed) / finished > ALARM_SHARE)
+    if done:
+        out["corrected_rate"] = sum(r.verdict == "incorrect" for r in done) / len(done)
+        lat = [r.latency_ms for r in done if r.latency_ms is not None]
+        out["corrector_latency_ms"] = sum(lat) / len(lat) if lat else 0.0
+    out["corrector_tokens"] = float(sum(r.tokens or 0 for r in rows))
+    return out
+
+
+def _rows(s: Session, run_id: int, *where: Any) -> list[Any]:
+    cols = (
+        Correction.update_idx,
+        Correction.status,
+        Correction.verdict,
+        Correction.latency_ms,
+        Correction.tokens,
+        func.substr(Correction.error, 1, 40).label("error"),
+    )
+    return list(s.execute(select(*cols).where(Correction.run_id == run_id, *where)))
+
+
+def update_figures(s: Session, run_id: int, update_idx: int) -> dict[str, float]:
+    return figures(_rows(s, run_id, Correction.update_idx == update_idx))
+
+
+def refresh_late(s: Session, run_id: int, since: datetime | None, before: int | None) -> int:
+    """Recomputes the figures of the updates (before ``before``, when given) that had a
+    correction finish at or after ``since`` (None: all). Returns how many were rewritten."""
+    query = select(Correction.update_idx).distinct().where(Correction.run_id == run_id)
+    if since is not None:
+        query = query.where(Correction.finished_at >= since)
+    if before is not None:
+        query = query.where(Correction.update_idx < before)
+    idxs = list(s.scalars(query))
+    if not idxs:
+        return 0
+    rows = s.scalars(select(Update).where(Update.run_id == run_id, Update.idx.in_(idxs))).all()
+    for row in rows:
+        fresh = update_figures(s, run_id, row.idx)
+        kept = {k: v for k, v in row.metrics.items() if not k.startswith(PREFIX)}
+        row.metrics = {**kept, **fresh}  # a new dict: the JSON column sees the change
+    return len(rows)
+
+
+def run_totals(s: Session, run_id: int) -> dict[str, float]:
+    """The whole run's figures, and the calls its corrector was sent (retries and duplicate
+    deliveries included: ``corrector_calls`` above ``corrections`` is what they cost)."""
+    out = figures(_rows(s, run_id))
+    calls = s.scalar(
+        select(func.coalesce(func.sum(CorrectorSpend.calls), 0)).where(
+            CorrectorSpend.run_id == run_id
+        )
+    )
+    out["corrector_calls"] = float(calls or 0)
+    return out
+
+
+def describe(m: dict[str, Any]) -> str:
+    """``12 done, 30 failed (malformed 28, timeout 2), 5 skipped`` for a progress line."""
+    if not m.get("corrections"):
+        return "none yet"
+    kinds = [
+        f"{k.split('/', 1)[1]} {int(v)}"
+        for k, v in sorted(m.items())
+        if k.startswith("corrections_failed/") and v
+    ]
+    text = f"{int(m.get('corrections_done', 0))} done, {int(m.get('corrections_failed', 0))} failed"
+    text += f" ({', '.join(kinds)})" if kinds else ""
+    if m.get("corrections_skipped"):
+        text += f", {int(m['corrections_skipped'])} skipped"
+    if m.get("corrections_pending"):
+        text += f", {int(m['corrections_pending'])} pending"
+    return text
