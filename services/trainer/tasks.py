@@ -54,7 +54,7 @@ class UpdateError(RuntimeError):
 def run_init(session: Session, run_id: int) -> dict[str, Any]:
     """The init stage: warm start (or a given checkpoint) → the run's checkpoint −1."""
     from services.trainer.checkpoint import get_checkpoint, record_checkpoint
-    from services.trainer.warmstart import init_policy
+    from services.trainer.warmcache import cached_init_policy
 
     if get_checkpoint(session, run_id, -1) is not None:
         log.info("run %s is already initialised: skipping", run_id)
@@ -63,8 +63,12 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
 
     # Under LoRA the warm-started model becomes the run's own base, kept beside its checkpoints.
     base_dir = checkpoint_store().path_for(run_id, -1).parent / "base"
-    policy, summary = init_policy(_run_config(session, run_id), base_dir)
+    policy, summary, warm = cached_init_policy(_run_config(session, run_id), base_dir)
     record_checkpoint(session, run_id, -1, policy, None)
+    if warm is not None:  # the run record says whether the warm start came from the cache
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.info = {**(run.info or {}), "warm_start": warm.as_dict()}
     session.flush()
     return summary
 
