@@ -10,8 +10,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 
 from services.api.middleware import BodyLimit, RateLimit, SecurityHeaders
+from services.api.prom import api_registry
 from services.api.routes import routers
 from services.api.service import Conflict, NotFound
+from shared.observe import install as install_metrics
 from shared.settings import Settings, get_settings
 from shared.storage import BlobNotFound, InvalidBlobId
 
@@ -33,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
+    install_metrics(app, "api", api_registry())  # outermost: rate-limited requests count too
     return app
 
 

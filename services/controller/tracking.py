@@ -64,7 +64,8 @@ class TensorBoard:
     name = "tensorboard"
 
     def __init__(self, logdir: Path) -> None:
-        self.logdir, self.where, self.writer = logdir, str(logdir), None
+        self.logdir, self.where = logdir, str(logdir)
+        self.writer: Any = None
 
     def start(self, run_id: int, cfg: RunConfig) -> None:
         import json
@@ -95,7 +96,8 @@ class WandB:
 
     def __init__(self, folder: Path, project: str, mode: str) -> None:
         self.folder, self.project, self.mode = folder, project, mode
-        self.where, self.run = str(folder / "wandb"), None
+        self.where = str(folder / "wandb")
+        self.run: Any = None
 
     def start(self, run_id: int, cfg: RunConfig) -> None:
         import wandb
@@ -127,7 +129,8 @@ class MLflow:
 
     def __init__(self, uri: str, experiment: str, artifacts: Path | None) -> None:
         self.uri, self.experiment, self.artifacts = uri, experiment, artifacts
-        self.where, self.client, self.run_id = uri, None, ""
+        self.where, self.run_id = uri, ""
+        self.client: Any = None
 
     def start(self, run_id: int, cfg: RunConfig) -> None:
         from mlflow.entities import Param

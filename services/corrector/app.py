@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from services.corrector.base import Corrector
 from services.corrector.routes import router
+from shared.observe import install as install_metrics
 
 
 def create_app(corrector: Corrector, backend: str, token: str | None = None) -> FastAPI:
@@ -17,4 +18,5 @@ def create_app(corrector: Corrector, backend: str, token: str | None = None) -> 
     )
     app.state.corrector, app.state.backend, app.state.token = corrector, backend, token
     app.include_router(router)
+    install_metrics(app, "corrector")
     return app

@@ -87,4 +87,7 @@ def serve(
             f"environment variable {token_env} is not set", param_hint="--token-env"
         )
     impl = _backend(backend, base_url, model, api_key_env, noise, params)
-    uvicorn.run(create_app(impl, backend, token), host=host, port=port, log_level="info")
+    from shared.logs import uvicorn_log_config
+
+    app, log_config = create_app(impl, backend, token), uvicorn_log_config()
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config)

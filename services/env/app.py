@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from services.env.routes import router
 from services.env.service import EnvError, EnvPool, EpisodeNotStarted, PoolFull, SessionNotFound
+from shared.observe import install as install_metrics
 
 _STATUS: dict[type[Exception], int] = {
     SessionNotFound: 404,
@@ -21,6 +22,7 @@ def create_app(pool: EnvPool | None = None) -> FastAPI:
     app = FastAPI(title="gtr-lab env service", version="0.1.0")
     app.state.pool = pool if pool is not None else EnvPool()
     app.include_router(router)
+    install_metrics(app, "env")
     for exc, status in _STATUS.items():
         app.add_exception_handler(exc, _handler(status))
     return app

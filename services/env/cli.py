@@ -137,5 +137,7 @@ def serve(host: str, port: int, max_sessions: int, ttl: float) -> None:
 
     from services.env.app import create_app
     from services.env.service import EnvPool
+    from shared.logs import uvicorn_log_config
 
-    uvicorn.run(create_app(EnvPool(max_sessions=max_sessions, ttl_s=ttl)), host=host, port=port)
+    app = create_app(EnvPool(max_sessions=max_sessions, ttl_s=ttl))
+    uvicorn.run(app, host=host, port=port, log_config=uvicorn_log_config())

@@ -18,6 +18,7 @@ from services.env.schemas import (
     action_as_output,
 )
 from services.env.service import EnvError, EnvPool
+from shared import observe
 
 router = APIRouter()
 
@@ -71,6 +72,7 @@ def reset_env(session_id: str, request: Request, req: ResetRequest | None = None
 def step_env(session_id: str, req: StepRequest, request: Request) -> StepOut:
     """Step with the agent's output (or a legal action name); auto-resets when done."""
     pool = _pool(request)
+    observe.ENV_STEPS.inc()
     return StepOut.of(pool.step(session_id, _output(pool, session_id, req)))
 
 
@@ -79,6 +81,8 @@ def step_batch(req: BatchStepRequest, request: Request) -> BatchStepResponse:
     """Step many sessions at once."""
     pool = _pool(request)
     items = [(item.id, _output(pool, item.id, item)) for item in req.steps]
+    observe.ENV_STEPS.inc(len(items))
+    observe.ENV_BATCH.observe(len(items))
     return BatchStepResponse(results=[StepOut.of(r) for r in pool.step_batch(items)])
 
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from services.policy.batching import Batcher
 from services.policy.routes import router
+from shared.observe import install as install_metrics
 
 
 def create_app(
@@ -37,4 +38,5 @@ def create_app(
     app.state.max_response_tokens = max_response_tokens
     app.state.checkpoint = checkpoint
     app.include_router(router)
+    install_metrics(app, "policy")
     return app

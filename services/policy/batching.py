@@ -9,6 +9,7 @@ from typing import Any
 from PIL import Image
 
 from services.policy.schemas import Generation
+from shared import observe
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Batcher:
         self.stats.batches += 1
         self.stats.samples += len(prompts)
         self.stats.largest_batch = max(self.stats.largest_batch, len(prompts))
+        observe.POLICY_BATCH.observe(len(prompts))
         try:
             gens = await asyncio.to_thread(self.policy.generate, images, prompts, **group[0].params)
         except Exception as e:  # every caller of the failed call hears about it
@@ -89,6 +91,7 @@ class Batcher:
                 if not j.future.done():
                     j.future.set_exception(e)
             return
+        observe.POLICY_TOKENS.inc(sum(len(g.token_ids) for g in gens))
         start = 0
         for j in group:
             if not j.future.done():  # a cancelled caller (client went away) is skipped

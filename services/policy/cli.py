@@ -143,4 +143,6 @@ def serve(
         max_wait_ms=max_wait_ms,
         checkpoint=str(checkpoint) if checkpoint else None,
     )
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    from shared.logs import uvicorn_log_config
+
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=uvicorn_log_config())

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from shared.db.models import Run, Update
+from shared.logs import run_context
 from shared.queues import TASK_INIT, TASK_UPDATE, celery_app
 from shared.rollout import Rollout
 from shared.schemas import RunConfig
@@ -224,7 +225,7 @@ def init(self: Any, run_id: int) -> dict[str, Any]:
     """Celery entry point: one transaction around ``run_init``."""
     from shared.db.session import session_scope
 
-    with _beating(self), session_scope() as session:
+    with _beating(self), run_context(run_id), session_scope() as session:
         return run_init(session, run_id)
 
 
@@ -240,7 +241,7 @@ def update(self: Any, run_id: int, update_idx: int) -> dict[str, Any]:
                 from services.trainer.distributed import launch
 
                 return launch(run_id, update_idx, config_file)
-            with session_scope() as session:
+            with run_context(run_id), session_scope() as session:
                 return run_update(session, run_id, update_idx)
     except BaseException:
         forget_run(run_id)
