@@ -212,15 +212,17 @@ def write_parquet(recs: Iterator[dict[str, Any]], out: Path, batch: int = 256) -
 
 
 def write_hf(recs: Iterator[dict[str, Any]], out: Path) -> int:
-    """``Dataset.save_to_disk``; the build cache lives in a temporary folder, not ~/.cache."""
+    """Parquet first (streamed, bounded memory), then ``save_to_disk``; the build cache lives
+    in a temporary folder, not ~/.cache."""
     import tempfile
 
     from datasets import Dataset
 
     with tempfile.TemporaryDirectory(prefix="gtr-export-") as tmp:
-        ds = Dataset.from_generator(
-            lambda: (_hf_row(r) for r in recs), features=hf_features(), cache_dir=tmp
-        )
+        part = Path(tmp) / "steps.parquet"
+        write_parquet(recs, part)
+        ds = Dataset.from_parquet(str(part), features=hf_features(), cache_dir=tmp)
+        assert isinstance(ds, Dataset)
         ds.save_to_disk(str(out))
         return len(ds)
 

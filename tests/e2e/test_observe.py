@@ -8,8 +8,6 @@ import base64
 import io
 import json
 import struct
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,11 +22,11 @@ from services.api.auth import create_token
 from shared.db.models import Correction, Run, Step, Update
 from shared.db.session import session_scope
 from tests.conftest import live_server
-from tests.e2e.helpers import ROOT, tiny_config
+from tests.e2e.helpers import tiny_config
 
 pytestmark = pytest.mark.slow
 
-TRACKED = """eval_episodes = 2
+TRACKED = """eval_episodes = 1
 eval_every = 1
 [tracking]
 tensorboard = true
@@ -40,19 +38,23 @@ mlflow_experiment = "observe-test"
 
 @pytest.fixture(scope="module")
 def tracked_run(pg_url: str, warm_checkpoint: Path, tmp_path_factory) -> int:  # type: ignore[no-untyped-def]
-    """2 updates of 2 envs x 4 steps, in this process (in-process trainer and corrector)."""
+    """2 updates of 2 envs x 3 steps, in this process (in-process trainer and corrector)."""
     from services.api.service import create_run
     from services.controller.console import load_config
     from services.controller.loop import drive
     from shared.settings import get_settings
 
     cfg_file = tmp_path_factory.mktemp("observe") / "tracked.toml"
-    cfg_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=4, updates=2) + TRACKED)
+    cfg_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=3, updates=2) + TRACKED)
     cfg = load_config(cfg_file)
     with session_scope() as s:
         run_id = create_run(s, cfg, team="default").id
     embedded = get_settings().model_copy(update={"redis_url": None})
+    import time
+
+    t0 = time.monotonic()
     assert drive(run_id, embedded) == "completed"
+    print("RUN SECONDS", time.monotonic() - t0)
     return run_id
 
 
@@ -79,7 +81,9 @@ def test_trackers_receive_every_update_the_evaluation_config_and_summary(tracked
         run = s.get(Run, tracked_run)
         info = dict(run.info)
     assert {k: v["ok"] for k, v in info["tracking"].items()} == {
-        "tensorboard": True, "wandb": True, "mlflow": True,
+        "tensorboard": True,
+        "wandb": True,
+        "mlflow": True,
     }
     keys = ("success_rate", "eval/success_rate", "losses/policy", "format_valid_rate")
 
@@ -104,7 +108,9 @@ def test_trackers_receive_every_update_the_evaluation_config_and_summary(tracked
             (i, round(m[k], 5)) for i, m in enumerate(updates)
         ]
     assert mrun.data.params["train.num_envs"] == "2" and mrun.data.params["task"] == "numberline"
-    summary = json.loads(Path(client.download_artifacts(mrun.info.run_id, "summary.json")).read_text())
+    summary = json.loads(
+        Path(client.download_artifacts(mrun.info.run_id, "summary.json")).read_text()
+    )
     assert summary["status"] == "completed" and summary["updates_done"] == 2
 
     # W&B offline: the run's .wandb file, decoded with W&B's own protobuf records.
@@ -124,14 +130,19 @@ def test_trackers_receive_every_update_the_evaluation_config_and_summary(tracked
         i.key: json.loads(i.value_json)
         for r in records
         for i in (
-            r.run.config.update if r.WhichOneof("record_type") == "run"
-            else r.config.update if r.WhichOneof("record_type") == "config" else []
+            r.run.config.update
+            if r.WhichOneof("record_type") == "run"
+            else r.config.update
+            if r.WhichOneof("record_type") == "config"
+            else []
         )
     }
     assert config["task"] == "numberline" and config["train"]["num_envs"] == 2
     summaries = {
         i.key: json.loads(i.value_json)
-        for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update
+        for r in records
+        if r.WhichOneof("record_type") == "summary"
+        for i in r.summary.update
     }
     assert summaries.get("status") == "completed"
 
@@ -181,7 +192,9 @@ def api(pg_url: str) -> Iterator[tuple[str, dict]]:
         yield url, {"Authorization": f"Bearer {raw}"}
 
 
-def test_rest_export_streams_corrected_steps_and_metrics_count_it(tracked_run, api) -> None:
+def test_rest_export_streams_corrected_steps_and_metrics_count_it(
+    tracked_run, api, tmp_path
+) -> None:
     url, headers = api
     want = _corrected_steps(tracked_run)
     assert want, "the run produced no corrected step to export"
@@ -193,12 +206,29 @@ def test_rest_export_streams_corrected_steps_and_metrics_count_it(tracked_run, a
     assert [x["step_id"] for x in rows] == [s.id for s in want]
     first, step = rows[0], want[0]
     assert (first["prompt"], first["output"], first["reward"]) == (
-        step.prompt, step.output, step.reward,
+        step.prompt,
+        step.output,
+        step.reward,
     )
     assert first["verdict"] == "incorrect" and first["corrected_thought"]
     assert json.loads(first["target"])["action"] == step.action_text  # the agent's own action
     frame = Image.open(io.BytesIO(base64.b64decode(first["image_png_b64"])))
     assert frame.format == "PNG" and frame.size == (64, 64)
+    # Parquet: HF features in the schema, so `datasets` decodes the frames as images.
+    from datasets import Image as ImageFeature
+    from datasets import load_dataset
+
+    pq = httpx.get(
+        f"{url}/api/runs/{tracked_run}/export",
+        params={"corrected": "true", "format": "parquet"},
+        headers=headers,
+    )
+    assert pq.status_code == 200
+    path = tmp_path / "steps.parquet"
+    path.write_bytes(pq.content)
+    pds = load_dataset("parquet", data_files=str(path), split="train", cache_dir=str(tmp_path))
+    assert isinstance(pds.features["image"], ImageFeature)
+    assert pds["step_id"] == [s.id for s in want] and pds[0]["image"].size == (64, 64)
     # Bad input: a clear 4xx; a run of another team or none: 404.
     bad = httpx.get(f"{url}/api/runs/{tracked_run}/export?format=csv", headers=headers)
     assert bad.status_code == 422
@@ -206,13 +236,21 @@ def test_rest_export_streams_corrected_steps_and_metrics_count_it(tracked_run, a
 
     metrics = _scrape(f"{url}/metrics")
     assert metrics[("gtr_runs", (("status", "completed"),))] >= 1
-    oracle = [v for (n, lab), v in metrics.items() if n == "gtr_corrections" and
-              dict(lab).get("corrector") == "oracle" and dict(lab).get("verdict") == "incorrect"]
+    oracle = [
+        v
+        for (n, lab), v in metrics.items()
+        if n == "gtr_corrections"
+        and dict(lab).get("corrector") == "oracle"
+        and dict(lab).get("verdict") == "incorrect"
+    ]
     assert sum(oracle) >= len(want)
     route = ("route", "/api/runs/{run_id}/export")
-    served = [v for (n, lab), v in metrics.items()
-              if n == "gtr_http_requests_total" and route in lab and ("status", "200") in lab]
-    assert served == [1.0]
+    served = [
+        v
+        for (n, lab), v in metrics.items()
+        if n == "gtr_http_requests_total" and route in lab and ("status", "200") in lab
+    ]
+    assert served == [2.0]
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -224,35 +262,25 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
     return out
 
 
-def test_gtr_export_writes_hf_and_parquet_datasets_with_image_features(tracked_run, tmp_path) -> None:
+def test_gtr_export_writes_an_hf_dataset_with_image_features(tracked_run, tmp_path) -> None:
+    from click.testing import CliRunner
     from datasets import Image as ImageFeature
-    from datasets import load_dataset, load_from_disk
+    from datasets import load_from_disk
+
+    from services.cli import main
 
     want = _corrected_steps(tracked_run)
-    hf, pq = tmp_path / "hf", tmp_path / "steps.parquet"
-    for fmt, out in (("hf", hf), ("parquet", pq)):
-        proc = subprocess.run(
-            [sys.executable, "-m", "services.cli", "export", str(tracked_run), str(out),
-             "--format", fmt, "--corrected"],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert f"{len(want)} steps" in proc.stdout
-    ds = load_from_disk(str(hf))
+    out, cli = tmp_path / "hf", CliRunner()
+    res = cli.invoke(main, ["export", str(tracked_run), str(out), "--format", "hf", "--corrected"])
+    assert res.exit_code == 0, res.output
+    assert f"{len(want)} steps" in res.output
+    ds = load_from_disk(str(out))
     assert isinstance(ds.features["image"], ImageFeature)
     assert ds["step_id"] == [s.id for s in want]
     assert ds[0]["image"].size == (64, 64) and ds[0]["prompt"] == want[0].prompt
-    pds = load_dataset("parquet", data_files=str(pq), split="train")
-    assert isinstance(pds.features["image"], ImageFeature) and len(pds) == len(want)
     # An existing path is refused, nothing overwritten; an unknown run is a message, not a trace.
-    again = subprocess.run(
-        [sys.executable, "-m", "services.cli", "export", str(tracked_run), str(pq)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )
-    assert again.returncode != 0 and "already exists" in again.stderr
-    missing = subprocess.run(
-        [sys.executable, "-m", "services.cli", "export", "999999", str(tmp_path / "x.jsonl")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )
-    assert missing.returncode != 0 and "does not exist" in missing.stderr
-    assert "Traceback" not in missing.stderr
+    again = cli.invoke(main, ["export", str(tracked_run), str(out)])
+    assert again.exit_code != 0 and "already exists" in again.output
+    missing = cli.invoke(main, ["export", "999999", str(tmp_path / "x.jsonl")])
+    assert missing.exit_code == 1 and "does not exist" in missing.output
+    assert not (tmp_path / "x.jsonl").exists() or (tmp_path / "x.jsonl").stat().st_size == 0
