@@ -56,6 +56,9 @@ def test_second_run_reuses_the_warm_start_and_says_so(db, tiny_dir: Path) -> Non
     paths = [checkpoint_path(get_checkpoint(db, r.id, -1)) for r in (first, second)]
     from safetensors.torch import load_file
 
+    def _load(f: Path):  # type: ignore[no-untyped-def]
+        return load_file(f).items()
+
     weights = [
         {
             f"{f.name}:{k}": v
