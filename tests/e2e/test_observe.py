@@ -284,3 +284,17 @@ def test_gtr_export_writes_an_hf_dataset_with_image_features(tracked_run, tmp_pa
     missing = cli.invoke(main, ["export", "999999", str(tmp_path / "x.jsonl")])
     assert missing.exit_code == 1 and "does not exist" in missing.output
     assert not (tmp_path / "x.jsonl").exists() or (tmp_path / "x.jsonl").stat().st_size == 0
+
+
+def test_summary_fits_80_columns_with_full_names_and_names_the_trackers(
+    tracked_run, capsys
+) -> None:
+    from services.controller.console import print_summary
+
+    capsys.readouterr()
+    print_summary(tracked_run, 12.0)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "eval/success_rate" in out and "probe_top_thought_share" in out and "…" not in out
+    for name in ("tensorboard", "wandb", "mlflow"):
+        assert f"{name}: " in out
