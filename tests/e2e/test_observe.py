@@ -234,6 +234,9 @@ def test_rest_export_streams_corrected_steps_and_metrics_count_it(
     assert bad.status_code == 422
     assert httpx.get(f"{url}/api/runs/999999/export", headers=headers).status_code == 404
 
+    run = httpx.get(f"{url}/api/runs/{tracked_run}", headers=headers).json()
+    assert set(run["info"]["tracking"]) == {"tensorboard", "wandb", "mlflow"}
+    assert run["latest_metrics"]["tracking/failures"] == 0.0
     metrics = _scrape(f"{url}/metrics")
     assert metrics[("gtr_runs", (("status", "completed"),))] >= 1
     oracle = [
