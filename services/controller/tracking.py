@@ -189,7 +189,9 @@ def make_trackers(run_id: int, cfg: RunConfig, settings: Settings | None = None)
     if on["mlflow"]:
         local = settings.data_dir / "mlruns"
         uri = settings.tracking_mlflow_uri or f"sqlite:///{(local / 'mlflow.db').resolve()}"
-        artifacts = None if settings.tracking_mlflow_uri else local / "artifacts"
+        # A local store keeps its artifacts beside it; a server decides for itself.
+        db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+        artifacts = Path(db).parent / "artifacts" if db else None
         out.append(MLflow(uri, t.mlflow_experiment or settings.tracking_mlflow_experiment,
                           artifacts))
     return out
