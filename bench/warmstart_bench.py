@@ -38,6 +38,7 @@ def first_rollout_s(config: Path, data: Path, timeout_s: float) -> tuple[float, 
         start_new_session=True,
     )
     db = data / "gtr.sqlite3"
+    before = _latest_run(db) if db.exists() else 0  # this launch's run comes after these
     try:
         while time.monotonic() - started < timeout_s:
             if proc.poll() is not None:
@@ -53,7 +54,7 @@ def first_rollout_s(config: Path, data: Path, timeout_s: float) -> tuple[float, 
                         ).fetchone()
                 except sqlite3.OperationalError:  # not migrated yet, or locked by the writer
                     row = None
-                if row is not None and row[0] == _latest_run(db):
+                if row is not None and row[0] > before:
                     return time.monotonic() - started, json.loads(row[1] or "{}")
             time.sleep(0.2)
         raise TimeoutError(f"no rollout within {timeout_s} s")
@@ -64,7 +65,7 @@ def first_rollout_s(config: Path, data: Path, timeout_s: float) -> tuple[float, 
 
 def _latest_run(db: Path) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-        return int(conn.execute("SELECT MAX(id) FROM runs").fetchone()[0])
+        return int(conn.execute("SELECT MAX(id) FROM runs").fetchone()[0] or 0)
 
 
 def main() -> None:
