@@ -40,9 +40,7 @@ ENV_STEPS = Counter("gtr_env_steps_total", "Env steps taken (rate() = env steps/
 ENV_BATCH = Histogram(
     "gtr_env_step_batch_size", "Sessions stepped per batched call", buckets=BATCHES
 )
-POLICY_TOKENS = Counter(
-    "gtr_policy_generated_tokens_total", "Tokens generated (rate() = tokens/s)"
-)
+POLICY_TOKENS = Counter("gtr_policy_generated_tokens_total", "Tokens generated (rate() = tokens/s)")
 POLICY_BATCH = Histogram("gtr_policy_batch_size", "Samples per model call", buckets=BATCHES)
 CORRECTIONS = Counter(
     "gtr_corrector_requests_total", "Corrections served by verdict", ["backend", "outcome"]

@@ -54,18 +54,21 @@ def _runs(s: Any) -> Iterator[Metric]:
 
 def _corrections(s: Any) -> Iterator[Metric]:
     by = GaugeMetricFamily(
-        "gtr_corrections", "Corrections by corrector, status and verdict",
+        "gtr_corrections",
+        "Corrections by corrector, status and verdict",
         labels=["corrector", "status", "verdict"],
     )
     rows = s.execute(
-        select(Correction.corrector, Correction.status, Correction.verdict, func.count())
-        .group_by(Correction.corrector, Correction.status, Correction.verdict)
+        select(Correction.corrector, Correction.status, Correction.verdict, func.count()).group_by(
+            Correction.corrector, Correction.status, Correction.verdict
+        )
     ).all()
     for name, status, verdict, n in rows:
         by.add_metric([name, status, verdict or ""], float(n))
     yield by
     lat = GaugeMetricFamily(
-        "gtr_correction_latency_ms_mean", "Mean latency of finished corrections",
+        "gtr_correction_latency_ms_mean",
+        "Mean latency of finished corrections",
         labels=["corrector"],
     )
     spend = GaugeMetricFamily(

@@ -92,9 +92,7 @@ def records(run_id: int, f: ExportFilter, images: bool = True) -> Iterator[dict[
 
 def _page(s: Session, run_id: int, f: ExportFilter, after: int) -> list[tuple[Step, Any]]:
     """A page of steps with the correction each is exported with (plain SQL: SQLite too)."""
-    done = select(Correction.id).where(
-        Correction.step_id == Step.id, Correction.status == "done"
-    )
+    done = select(Correction.id).where(Correction.step_id == Step.id, Correction.status == "done")
     q = select(Step).where(Step.run_id == run_id, Step.id > after).order_by(Step.id).limit(PAGE)
     if f.update_from is not None:
         q = q.where(Step.update_idx >= f.update_from)
@@ -112,11 +110,15 @@ def _page(s: Session, run_id: int, f: ExportFilter, after: int) -> list[tuple[St
     steps = s.scalars(q).all()
     by_step: dict[int, Correction] = {}
     ids = [st.id for st in steps]
-    rows = s.scalars(
-        select(Correction)
-        .where(Correction.step_id.in_(ids), Correction.status == "done")
-        .order_by(Correction.id)
-    ).all() if ids else []
+    rows = (
+        s.scalars(
+            select(Correction)
+            .where(Correction.step_id.in_(ids), Correction.status == "done")
+            .order_by(Correction.id)
+        ).all()
+        if ids
+        else []
+    )
     for c in rows:  # a disagreement (it has a corrected thought) wins, then the latest
         kept = by_step.get(c.step_id)
         if kept is None or c.verdict == "incorrect" or kept.verdict != "incorrect":

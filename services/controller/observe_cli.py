@@ -12,19 +12,33 @@ import click
 @click.argument("run_id", type=click.IntRange(1, 2**31 - 1))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "hf"]), default="jsonl",
-    show_default=True, help="jsonl (frames as base64 PNG), parquet, or hf (save_to_disk).",
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet", "hf"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl (frames as base64 PNG), parquet, or hf (save_to_disk).",
 )
-@click.option("--corrected/--not-corrected", default=None,
-              help="Only steps the corrector disagreed with (or only the others).")
+@click.option(
+    "--corrected/--not-corrected",
+    default=None,
+    help="Only steps the corrector disagreed with (or only the others).",
+)
 @click.option("--verdict", type=click.Choice(["correct", "incorrect"]))
 @click.option("--update-from", type=click.IntRange(0), help="First update to include.")
 @click.option("--update-to", type=click.IntRange(0), help="Last update to include.")
 @click.option("--format-valid/--format-invalid", default=None, help="By the output's format.")
 @click.option("--limit", type=click.IntRange(1), help="At most this many steps.")
 def export(
-    run_id: int, out: Path, fmt: str, corrected: bool | None, verdict: str | None,
-    update_from: int | None, update_to: int | None, format_valid: bool | None, limit: int | None,
+    run_id: int,
+    out: Path,
+    fmt: str,
+    corrected: bool | None,
+    verdict: str | None,
+    update_from: int | None,
+    update_to: int | None,
+    format_valid: bool | None,
+    limit: int | None,
 ) -> None:
     """Write RUN_ID's steps (frame, prompt, output, corrected thought, verdict, reward) to OUT."""
     from services.controller.export import ExportFilter

@@ -184,16 +184,22 @@ def make_trackers(run_id: int, cfg: RunConfig, settings: Settings | None = None)
     if on["tensorboard"]:
         out.append(TensorBoard(folder / "tensorboard"))
     if on["wandb"]:
-        out.append(WandB(folder, t.wandb_project or settings.tracking_wandb_project,
-                         settings.tracking_wandb_mode))
+        out.append(
+            WandB(
+                folder,
+                t.wandb_project or settings.tracking_wandb_project,
+                settings.tracking_wandb_mode,
+            )
+        )
     if on["mlflow"]:
         local = settings.data_dir / "mlruns"
         uri = settings.tracking_mlflow_uri or f"sqlite:///{(local / 'mlflow.db').resolve()}"
         # A local store keeps its artifacts beside it; a server decides for itself.
         db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
         artifacts = Path(db).parent / "artifacts" if db else None
-        out.append(MLflow(uri, t.mlflow_experiment or settings.tracking_mlflow_experiment,
-                          artifacts))
+        out.append(
+            MLflow(uri, t.mlflow_experiment or settings.tracking_mlflow_experiment, artifacts)
+        )
     return out
 
 

@@ -48,9 +48,11 @@ def test_env_service_counts_steps_batches_and_requests_per_route() -> None:
     assert batches == 2
     # Per route template, never per session id (bounded label sets).
     created = dict(service="env", route="/envs", method="POST", status="201")
-    assert _get(after, "gtr_http_requests_total", **created) - _get(
-        before, "gtr_http_requests_total", **created
-    ) == 3
+    assert (
+        _get(after, "gtr_http_requests_total", **created)
+        - _get(before, "gtr_http_requests_total", **created)
+        == 3
+    )
     assert not any(sid in str(k) for k in after for sid in sids)
     assert _get(after, "gtr_http_request_duration_seconds_count", service="env") > 0
 
@@ -87,9 +89,11 @@ def test_policy_service_counts_generated_tokens_and_batch_sizes(tiny_model_dir: 
         after = _scrape(url)
     tokens = sum(len(g.token_ids) for g in gens)
     assert tokens > 0
-    assert _get(after, "gtr_policy_generated_tokens_total") - _get(
-        before, "gtr_policy_generated_tokens_total"
-    ) == tokens
+    assert (
+        _get(after, "gtr_policy_generated_tokens_total")
+        - _get(before, "gtr_policy_generated_tokens_total")
+        == tokens
+    )
     assert _get(after, "gtr_policy_batch_size_sum") - _get(before, "gtr_policy_batch_size_sum") == 3
 
 
