@@ -161,12 +161,16 @@ def print_summary(run_id: int, seconds: float) -> None:
         metrics = [u.metrics for u in rows]
         status, error, steps = run.status, run.error, run.env_steps
         info = dict(run.info or {})
-    table = Table(title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps")
+    table = Table(
+        title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps",
+        caption="columns: after update #",
+    )
     cols = summary_columns(metrics)
-    # Full metric names, never cut; short headers keep 7 columns within 80 characters.
+    # Full metric names, never cut; short headers keep 7 columns within 80 characters
+    # (up to update 99 999).
     table.add_column("metric", no_wrap=True, min_width=max(len(k) for k in SUMMARY_KEYS))
     for i in cols:
-        table.add_column(f"upd {i + 1}", justify="right", no_wrap=True)
+        table.add_column(f"#{i + 1}", justify="right", no_wrap=True)
     for k in SUMMARY_KEYS:
         cells = [metrics[i].get(k) for i in cols]
         if any(isinstance(v, int | float) for v in cells):
