@@ -54,8 +54,8 @@ class UpdateError(RuntimeError):
 
 def run_init(session: Session, run_id: int) -> dict[str, Any]:
     """The init stage: warm start (or a given checkpoint) → the run's checkpoint −1."""
-    from services.trainer.checkpoint import get_checkpoint, record_checkpoint
-    from services.trainer.warmcache import cached_init_policy
+    from services.trainer.checkpoint import get_checkpoint, record_checkpoint, record_folder
+    from services.trainer.warmcache import cached_init_policy, reuse_checkpoint
 
     if get_checkpoint(session, run_id, -1) is not None:
         log.info("run %s is already initialised: skipping", run_id)
@@ -63,9 +63,16 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
     from shared.storage import checkpoint_store
 
     # Under LoRA the warm-started model becomes the run's own base, kept beside its checkpoints.
-    base_dir = checkpoint_store().path_for(run_id, -1).parent / "base"
-    policy, summary, warm = cached_init_policy(_run_config(session, run_id), base_dir)
-    record_checkpoint(session, run_id, -1, policy, None)
+    path = checkpoint_store().path_for(run_id, -1)
+    base_dir = path.parent / "base"
+    cfg = _run_config(session, run_id)
+    summary: dict[str, Any] = {}
+    warm = reuse_checkpoint(cfg, path)  # full fine-tuning: the cached weights, no model built
+    if warm is not None:
+        record_folder(session, run_id, -1, path)
+    else:
+        policy, summary, warm = cached_init_policy(cfg, base_dir)
+        record_checkpoint(session, run_id, -1, policy, None)
     if warm is not None:  # the run record says whether the warm start came from the cache
         run = session.get(Run, run_id)
         assert run is not None

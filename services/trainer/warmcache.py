@@ -101,6 +101,44 @@ def warm_start_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
+def _entry(cfg: RunConfig) -> tuple[str, dict[str, Any], Path]:
+    from services.trainer.warmstart import base_model_path
+
+    inputs = key_inputs(cfg, base_model_path(cfg.model, cfg.task))
+    key = warm_start_key(inputs)
+    return key, inputs, cache_root() / key
+
+
+def _enabled(cfg: RunConfig) -> bool:
+    return cfg.init.kind == "warm_start" and cfg.init.cache and get_settings().warmstart_cache
+
+
+def reuse_checkpoint(cfg: RunConfig, dest: Path) -> WarmStartInfo | None:
+    """Full fine-tuning: a cached warm start becomes the run's init checkpoint ``dest`` as hard
+    links (copies across file systems), with no model built; None when there is none to reuse."""
+    if cfg.model.finetune != "full" or not _enabled(cfg):
+        return None
+    started = time.monotonic()
+    key, _, entry = _entry(cfg)
+    if not (entry / META).is_file():
+        return None
+    meta = json.loads((entry / META).read_text())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+    try:
+        _copy_tree(entry / "model", tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.exception("warm-start cache entry %s could not be linked: warming up", key[:12])
+        return None
+    seconds = time.monotonic() - started
+    log.info("warm start reused from the cache (%s, %.1f s)", key[:12], seconds)
+    return WarmStartInfo(True, key, seconds, float(meta.get("seconds", 0.0)))
+
+
 def cached_init_policy(
     cfg: RunConfig, base_dir: Path, eval_episodes: int = 0
 ) -> tuple[Any, dict[str, float], WarmStartInfo | None]:
@@ -108,14 +146,12 @@ def cached_init_policy(
     the cache is off (``init.cache = false``, ``GTR_WARMSTART_CACHE=0``)."""
     from services.trainer.warmstart import base_model_path, init_policy
 
-    if cfg.init.kind != "warm_start" or not cfg.init.cache or not get_settings().warmstart_cache:
+    if not _enabled(cfg):
         policy, summary = init_policy(cfg, base_dir, eval_episodes)
         return policy, summary, None
     base = base_model_path(cfg.model, cfg.task)
-    inputs = key_inputs(cfg, base)
-    key = warm_start_key(inputs)
-    entry = cache_root() / key
     started = time.monotonic()
+    key, inputs, entry = _entry(cfg)
     if (entry / META).is_file():
         try:
             policy, meta = _load(cfg, entry, base, base_dir)
