@@ -28,7 +28,14 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "numberline-tiny.toml")
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--report-only", action="store_true", help="report on DIR's latest run")
     args = ap.parse_args()
+    if not args.report_only:
+        train(args)
+    report(args.data)
+
+
+def train(args: argparse.Namespace) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env |= {
         "GTR_DATA_DIR": str(args.data),
@@ -50,7 +57,10 @@ def main() -> None:
         "tracking-bench",
     ]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
-    with sqlite3.connect(args.data / "gtr.sqlite3") as conn:
+
+
+def report(data: Path) -> None:
+    with sqlite3.connect(data / "gtr.sqlite3") as conn:
         run_id = conn.execute("SELECT MAX(id) FROM runs").fetchone()[0]
         rows = [
             json.loads(r[0])

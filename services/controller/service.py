@@ -163,6 +163,7 @@ class RunDriver:
             self._close_envs()
 
     def _drive(self) -> None:
+        self.tracking.begin()  # trackers start in the background during the warm start
         start, unfinished = self._start()
         self._open_envs(start)
         probe = self._probe_states()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -210,7 +211,8 @@ class Trackers:
         self.run_id, self.cfg, self.trackers = run_id, cfg, trackers
         self.started: list[Tracker] | None = None
         self.failures: dict[str, str] = {}
-        self.seconds = 0.0  # time spent in the trackers (docs/benchmarks.md: their overhead)
+        self.seconds = 0.0  # time the run waited on trackers (docs/benchmarks.md: overhead)
+        self._starting: threading.Thread | None = None
 
     @classmethod
     def for_run(cls, run_id: int, cfg: RunConfig) -> Trackers:
@@ -219,14 +221,27 @@ class Trackers:
     def __bool__(self) -> bool:
         return bool(self.trackers)
 
+    def begin(self) -> None:
+        """Start the trackers in a thread while the run warms up and rolls out (W&B's service
+        and MLflow's store take seconds to start); ``log`` waits for it."""
+        if self.trackers and self.started is None and self._starting is None:
+            self._starting = threading.Thread(target=self._start_all, name="trackers", daemon=True)
+            self._starting.start()
+
+    def _start_all(self) -> None:
+        self.started = [t for t in self.trackers if self._call(t, "start", self.run_id, self.cfg)]
+
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
-        """One update; trackers start on the first call (so a resumed run starts them too).
+        """One update; trackers start here unless ``begin`` started them (a resumed run too).
         Returns the metrics the update row gets: failed trackers and the seconds spent here."""
         before = self.seconds
+        if self._starting is not None:
+            waited = time.monotonic()
+            self._starting.join()
+            self._starting = None
+            self.seconds += time.monotonic() - waited  # only what the run waited for
         if self.started is None:
-            self.started = [
-                t for t in self.trackers if self._call(t, "start", self.run_id, self.cfg)
-            ]
+            self._start_all()
         values = numeric(metrics)
         for t in self._live():
             self._call(t, "log", step, values)
@@ -236,6 +251,9 @@ class Trackers:
         }
 
     def finish(self, status: str, summary: dict[str, Any]) -> None:
+        if self._starting is not None:  # the run ended before its first update
+            self._starting.join()
+            self._starting = None
         for t in self._live():
             self._call(t, "finish", status, summary)
 
@@ -252,6 +270,7 @@ class Trackers:
 
     def _call(self, t: Tracker, method: str, *args: Any) -> bool:
         started = time.monotonic()
+        counted = threading.current_thread() is not self._starting
         try:
             getattr(t, method)(*args)
             return True
@@ -260,7 +279,8 @@ class Trackers:
             self.failures[t.name] = f"{method}: {type(e).__name__}: {e}"[:1000]
             return False
         finally:
-            self.seconds += time.monotonic() - started
+            if counted:  # a background start costs the run only the wait in ``log``
+                self.seconds += time.monotonic() - started
 
 
 def run_info_metrics(info: dict[str, Any] | None, u: int, timings: dict[str, float]) -> dict:
