@@ -71,6 +71,7 @@ def report(data: Path) -> None:
         info = json.loads(
             conn.execute("SELECT info FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
         )
+    rows = [m for m in rows if "update_s" in m]  # updates that finished
     for i, m in enumerate(rows):
         print(
             f"update {i + 1}: update_s {m['update_s']:7.2f}  tracking_s {m['tracking_s']:6.3f}"
