@@ -196,7 +196,7 @@ def info_lines(info: dict[str, Any]) -> list[str]:
     if warm and warm.get("reused"):
         out.append(
             f"warm start reused from the cache in {warm['seconds']:.1f} s "
-            f"(built in {warm['built_seconds']:.0f} s; key {warm['key'][:12]}, gtr cache ls)"
+            f"(built in {warm['built_seconds']:.0f} s; key {warm['key'][:12]})"
         )
     elif warm:
         out.append(f"warm start built in {warm['seconds']:.0f} s and cached for the next run")
