@@ -50,11 +50,7 @@ def tracked_run(pg_url: str, warm_checkpoint: Path, tmp_path_factory) -> int:  #
     with session_scope() as s:
         run_id = create_run(s, cfg, team="default").id
     embedded = get_settings().model_copy(update={"redis_url": None})
-    import time
-
-    t0 = time.monotonic()
     assert drive(run_id, embedded) == "completed"
-    print("RUN SECONDS", time.monotonic() - t0)
     return run_id
 
 
