@@ -18,7 +18,7 @@ $(VENV)/.demo-installed: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -e ".[ml,dev,alfworld,deploy]"
+	$(PIP) -e ".[ml,dev,alfworld,deploy,tracking,export]"
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed

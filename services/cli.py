@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "policy": "services.policy.cli:policy",
     "corrector": "services.corrector.cli:corrector",
     "sft": "services.trainer.cli:sft",
+    "export": "services.controller.observe_cli:export",
+    "cache": "services.controller.observe_cli:cache",
 }
 
 

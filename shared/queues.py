@@ -61,3 +61,10 @@ def make_celery(redis_url: str | None = None) -> Celery:
 
 
 celery_app = make_celery()
+
+if get_settings().log_format.lower() == "json":  # workers log JSON lines with the run id too
+    from celery.signals import setup_logging as _celery_setup_logging
+
+    from shared.logs import celery_logging
+
+    _celery_setup_logging.connect(celery_logging, weak=False)

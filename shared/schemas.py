@@ -134,6 +134,9 @@ class InitConfig(_Strict):
     )
     lr: float = Field(1e-3, gt=0, le=1, description="Warm-start learning rate")
     batch_size: int = Field(16, ge=1, le=1024, description="Warm-start batch size")
+    cache: bool = Field(
+        True, description="Reuse a cached warm start of the same model, task, recipe and seed"
+    )
 
 
 class TrainConfig(_Strict):
@@ -382,6 +385,24 @@ class MetricsConfig(_Strict):
     )
 
 
+class TrackingConfig(_Strict):
+    tensorboard: bool | None = Field(
+        None, description="TensorBoard event files under the run's folder; None = GTR_TRACKING_*"
+    )
+    wandb: bool | None = Field(
+        None, description="Weights & Biases (offline unless GTR_TRACKING_WANDB_MODE=online)"
+    )
+    mlflow: bool | None = Field(
+        None, description="MLflow at GTR_TRACKING_MLFLOW_URI (default: data_dir/mlruns)"
+    )
+    wandb_project: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[\w.-]+$", description="W&B project"
+    )
+    mlflow_experiment: str | None = Field(
+        None, min_length=1, max_length=200, description="MLflow experiment name"
+    )
+
+
 class RunConfig(_Strict):
     name: str = Field("run", min_length=1, max_length=200, description="Human name of the run")
     task: Task = Field(description="numberline | ezpoints | points24 | blackjack | alfworld")
@@ -400,6 +421,7 @@ class RunConfig(_Strict):
     corrector: CorrectorConfig = Field(default_factory=CorrectorConfig)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="before")
     @classmethod

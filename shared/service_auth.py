@@ -23,7 +23,8 @@ log = logging.getLogger("gtr.service")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the API's limit; a policy batch of PNGs fits well under it
 MAX_DETAIL_CHARS = 300  # an error text longer than this is cut: never an echo of the input
-OPEN_PATHS = frozenset({"/healthz"})
+# /metrics (counts and latencies, no run data) stays open so Prometheus needs no service token.
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 def excerpt(text: str, limit: int = MAX_DETAIL_CHARS) -> str:

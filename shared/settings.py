@@ -86,6 +86,28 @@ class Settings(BaseSettings):
         600, description="Requests per minute per token on the REST API (0 = off)"
     )
     log_level: str = Field("INFO", description="Python logging level for every service")
+    log_format: str = Field(
+        "text", description="text | json: one JSON object per log line, with the run id"
+    )
+    cache_dir: Path | None = Field(
+        None, description="Warm-start checkpoint cache; unset = data_dir/cache"
+    )
+    warmstart_cache: bool = Field(
+        True, description="Reuse a cached warm start whose recipe, model, task and seed match"
+    )
+    tracking_tensorboard: bool = Field(
+        False, description="Default of [tracking] tensorboard: event files under the run's folder"
+    )
+    tracking_wandb: bool = Field(False, description="Default of [tracking] wandb")
+    tracking_wandb_mode: str = Field(
+        "offline", description="W&B mode: offline (no network; `wandb sync` later) or online"
+    )
+    tracking_wandb_project: str = Field("gtr-lab", description="Default W&B project")
+    tracking_mlflow: bool = Field(False, description="Default of [tracking] mlflow")
+    tracking_mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI; unset = a local mlruns folder in data_dir"
+    )
+    tracking_mlflow_experiment: str = Field("gtr-lab", description="Default MLflow experiment")
     outage_s: float = Field(
         300.0,
         description="How long a run waits for an env/policy service or Redis that went away",
@@ -142,6 +164,10 @@ class Settings(BaseSettings):
     @property
     def models_path(self) -> Path:
         return self.model_dir or self.data_dir / "models"
+
+    @property
+    def cache_path(self) -> Path:
+        return self.cache_dir or self.data_dir / "cache"
 
 
 @lru_cache

@@ -12,8 +12,10 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from services.api.launch import InvalidField
 from services.api.middleware import BodyLimit, RateLimit, SecurityHeaders
+from services.api.prom import api_registry
 from services.api.routes import routers
 from services.api.service import Conflict, NotFound
+from shared.observe import install as install_metrics
 from shared.service_auth import document_errors, validation_detail
 from shared.settings import Settings, get_settings
 from shared.storage import BlobNotFound, InvalidBlobId
@@ -41,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
     document_errors(app, API_ERRORS, open_paths=OPEN_API_PATHS)
+    install_metrics(app, "api", api_registry())  # outermost: rate-limited requests count too
     return app
 
 

@@ -19,6 +19,8 @@ def serve(host: str, port: int, workers: int) -> None:
         from shared.db.migrate import ensure_schema
 
         ensure_schema()
+    from shared.logs import uvicorn_log_config
+
     uvicorn.run(
         "services.api.app:create_app",
         factory=True,
@@ -26,6 +28,7 @@ def serve(host: str, port: int, workers: int) -> None:
         port=port,
         workers=workers,
         log_level="info",
+        log_config=uvicorn_log_config(),
     )
 
 

@@ -38,6 +38,7 @@ class RunOut(_Orm):
     started_at: datetime | None
     finished_at: datetime | None
     config: dict[str, Any]
+    info: dict[str, Any] = {}
     latest_metrics: dict[str, Any] = {}
 
 

@@ -25,9 +25,12 @@ def train(config: Path, name: str | None, updates: int | None, seed: int | None)
     from services.controller.loop import drive
     from shared.db.migrate import ensure_schema
     from shared.db.session import session_scope
+    from shared.logs import json_logs, setup_logging
     from shared.settings import get_settings
 
     settings = get_settings()
+    if json_logs():  # else the progress lines and the summary are the output
+        setup_logging()
     if settings.database_url is None:
         ensure_schema()
     with session_scope() as s:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,8 +47,40 @@ def _fmt(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
+def progress_line(cfg: RunConfig, p: Any, last_eval: float | None, seconds: float) -> str:
+    """One plain line per update (what the bar shows), for logs read by machines and people."""
+    m = p.metrics
+    alarm = "  COLLAPSE ALARM" if m.get("alarm") or _alarm(cfg, m) else ""
+    evaluated = "" if last_eval is None else f"  eval {_fmt(last_eval)}"
+    return (
+        f"update {p.update_idx + 1}/{cfg.train.num_updates}"
+        f"  env steps {p.env_steps}/{p.total_env_steps}"
+        f"  success {_fmt(m.get('success_rate'))}{evaluated}"
+        f"  corrected {_fmt(m.get('corrected_rate'))}"
+        f"  relevance {_fmt(m.get('probe_relevance'))}"
+        f"  {seconds:.0f} s{alarm}"
+    )
+
+
+@contextmanager
+def plain_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
+    """Stdout is not a terminal (CI, nohup, k8s): a line per update instead of a bar."""
+    started, last_eval = time.monotonic(), [None]
+
+    def on_progress(p: Any) -> None:
+        last_eval[0] = p.metrics.get("eval/success_rate", last_eval[0])
+        line = progress_line(cfg, p, last_eval[0], time.monotonic() - started)
+        print(line, flush=True)
+
+    yield on_progress
+
+
 @contextmanager
 def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
+    if not sys.stdout.isatty():
+        with plain_printer(cfg) as on_progress:
+            yield on_progress
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [
@@ -143,11 +177,17 @@ def print_summary(run_id: int, seconds: float) -> None:
         status, error, steps = run.status, run.error, run.env_steps
         gtr = run.algorithm != "rl4vlm"
         totals = run_totals(s, run_id) if gtr else {}
-    table = Table(title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps")
+        info = dict(run.info or {})
+    table = Table(
+        title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps",
+        caption="columns: after update #",
+    )
     cols = summary_columns(metrics)
-    table.add_column("metric")
+    # Full metric names, never cut; short headers keep 7 columns within 80 characters
+    # (up to update 99 999).
+    table.add_column("metric", no_wrap=True, min_width=max(len(k) for k in SUMMARY_KEYS))
     for i in cols:
-        table.add_column(f"update {i + 1}", justify="right")
+        table.add_column(f"#{i + 1}", justify="right", no_wrap=True)
     for k in SUMMARY_KEYS:
         cells = [metrics[i].get(k) for i in cols]
         if any(isinstance(v, int | float) for v in cells):
@@ -158,6 +198,8 @@ def print_summary(run_id: int, seconds: float) -> None:
         console.print(_corrections_line(totals), soft_wrap=True)
     if error:
         console.print(f"[red]error:[/red] {error}")
+    for line in info_lines(info):
+        console.print(line, highlight=False)
     console.print(
         f"Browse the run: [bold]gtr token create me[/bold], then [bold]gtr serve[/bold] and open "
         f"http://127.0.0.1:8000/runs/{run_id}"
@@ -173,3 +215,25 @@ def _corrections_line(totals: dict[str, Any]) -> str:
     if totals.get("corrections_alarm"):
         return f"[red]{text}: most corrections FAILED, the run trained without them[/red]"
     return text
+
+
+def info_lines(info: dict[str, Any]) -> list[str]:
+    """The run record beside training: the warm start's reuse, where trackers wrote, failures."""
+    from rich.markup import escape
+
+    out = []
+    warm = info.get("warm_start")
+    if warm and warm.get("reused"):
+        out.append(
+            f"warm start reused from the cache in {warm['seconds']:.1f} s "
+            f"(built in {warm['built_seconds']:.0f} s; key {warm['key'][:12]})"
+        )
+    elif warm:
+        out.append(f"warm start built in {warm['seconds']:.0f} s and cached for the next run")
+    for name, t in sorted((info.get("tracking") or {}).items()):
+        if t.get("ok"):
+            out.append(f"{name}: {escape(str(t.get('where')))}")
+        else:
+            where, err = escape(str(t.get("where"))), escape(str(t.get("error")))
+            out.append(f"[red]{name} FAILED[/red] ({where}): {err}")
+    return out

@@ -21,6 +21,7 @@ from services.controller.backends import (
 from services.controller.service import RunDriver
 from shared.db.models import Run, utcnow
 from shared.db.session import session_scope
+from shared.logs import run_context, tag_clients
 from shared.schemas import RunConfig
 from shared.settings import Settings, get_settings
 
@@ -162,7 +163,8 @@ def drive(run_id: int, settings: Settings | None = None, on_progress: Any = None
         return fail_run(
             run_id, str(e) if isinstance(e, ServiceDown) else f"{type(e).__name__}: {e}"
         )
-    with Heartbeat(run_id):
+    with Heartbeat(run_id), run_context(run_id):
+        tag_clients(parts, run_id)
         driver = RunDriver(
             run_id,
             **parts,

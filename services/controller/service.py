@@ -45,6 +45,7 @@ from services.controller.recorder import (
     open_episode,
 )
 from services.controller.timing import StageClock
+from services.controller.tracking import Trackers, final_summary, run_info_metrics
 from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
 from shared.db.models import Correction, Run, Step, Update, utcnow
 from shared.db.session import session_scope
@@ -146,6 +147,9 @@ class RunDriver:
         if corrections is not None and self.cfg.uses_corrector:
             c = self.cfg.corrector
             self.sweep = CorrectionSweep(corrections, run_id, c.name, c.wait_timeout_s)
+        self.tracking = Trackers.for_run(run_id, self.cfg)
+        self.update_started: float | None = None  # wall time of an update, for update_s
+        self.train_s: float | None = None
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -169,6 +173,7 @@ class RunDriver:
             self._close_envs()
 
     def _drive(self) -> None:
+        self.tracking.begin()  # trackers start in the background during the warm start
         start, unfinished = self._start()
         self._open_envs(start)
         probe = self._probe_states()
@@ -179,7 +184,9 @@ class RunDriver:
             self._rollout_and_store(u)
             if self.sweep is not None:
                 self.sweep.sweep(u)
+            trained = time.monotonic()
             path = self.trainer.update(self.run_id, u)
+            self.train_s = time.monotonic() - trained
             self.policy.load_weights(str(path))
             self._finish_update(u, probe)
             self.interruptions = 0
@@ -261,7 +268,7 @@ class RunDriver:
         return last + 1, (last if 0 <= last and finished < last + 1 else None)
 
     def _rollout_and_store(self, u: int) -> None:
-        started = time.monotonic()
+        started = self.update_started = time.monotonic()
         ro = self.collect(u)
         rollout_s = time.monotonic() - started
         if self.cfg.corrector.wait == "update" and self.corrections is not None:
@@ -302,13 +309,16 @@ class RunDriver:
             row = s.scalar(select(Update).where(Update.run_id == self.run_id, Update.idx == u))
             assert row is not None
             extra.update(self._correction_stats(s, u))
-            merged = {**row.metrics, **extra}
+            run = s.get(Run, self.run_id)
+            assert run is not None
+            merged = {**row.metrics, **extra, **run_info_metrics(run.info, u, self.timings())}
+            if self.tracking:  # a failed tracker shows in the metrics and on the run record
+                merged |= self.tracking.log(u, merged)
+                run.info = {**(run.info or {}), "tracking": self.tracking.status()}
             row.alarm = M.collapse_alarm(
                 merged, self.cfg.metrics.min_relevance, self.cfg.metrics.max_top_thought_share
             )
             row.metrics = merged
-            run = s.get(Run, self.run_id)
-            assert run is not None
             run.updates_done, run.alarm, run.heartbeat_at = u + 1, row.alarm, utcnow()
             env_steps = run.env_steps
         self.on_progress(Progress(u, env_steps, self.cfg.total_env_steps, merged))
@@ -631,6 +641,16 @@ class RunDriver:
         for r in reversed(rows):
             self.success.add(bool(r.success), float(r.total_return), int(r.length))
 
+    def timings(self) -> dict[str, float]:
+        """Seconds of the update just finished: all of it, and the trainer's part."""
+        out = {}
+        if self.update_started is not None:
+            out["update_s"] = time.monotonic() - self.update_started
+        if self.train_s is not None:
+            out["train_s"] = self.train_s
+        self.update_started = self.train_s = None
+        return out
+
     def _check_cancel(self) -> None:
         with session_scope() as s:
             if s.scalar(select(Run.cancel_requested).where(Run.id == self.run_id)):
@@ -650,5 +670,8 @@ class RunDriver:
             run.status, run.finished_at = status, utcnow()
             if error:
                 run.error = error[:4000]
+            if self.tracking:
+                self.tracking.finish(status, final_summary(s, run))
+                run.info = {**(run.info or {}), "tracking": self.tracking.status()}
         log.info("run %s %s", self.run_id, status)
         return status

@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from services.corrector.base import Corrector
 from services.corrector.routes import router
+from shared.observe import install as install_metrics
 from shared.service_auth import secure_service
 from shared.settings import Settings, get_settings
 
@@ -24,6 +25,7 @@ def create_app(
     )
     app.state.corrector, app.state.backend, app.state.token = corrector, backend, token
     app.include_router(router)
+    install_metrics(app, "corrector")
     errors = {
         413: "Request body too large",
         422: "Validation error, or a state the task's corrector cannot read",

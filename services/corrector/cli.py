@@ -90,8 +90,10 @@ def serve(
             f"environment variable {token_env} is not set", param_hint="--token-env"
         )
     impl = _backend(backend, base_url, model, api_key_env, noise, params)
+    from shared.logs import uvicorn_log_config
+
     app = create_app(impl, backend, token, settings)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=uvicorn_log_config())
 
 
 # ---- the registry from the command line: the embedded default needs no server ---------------

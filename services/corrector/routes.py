@@ -7,6 +7,7 @@ import hmac
 from fastapi import APIRouter, HTTPException, Request
 
 from services.corrector.base import CorrectorError
+from shared import observe
 from shared.schemas import Correction, CorrectionRequest
 from shared.service_auth import excerpt
 
@@ -40,9 +41,15 @@ def _authorize(request: Request) -> None:
 def correct(req: CorrectionRequest, request: Request) -> Correction:
     """Evaluate the agent's thought and, when wrong, return a corrected one."""
     _authorize(request)
+    backend = request.app.state.backend
     try:
-        return request.app.state.corrector.correct(req)
+        with observe.CORRECTION_LATENCY.labels(backend).time():
+            out: Correction = request.app.state.corrector.correct(req)
+        observe.CORRECTIONS.labels(backend, out.verdict).inc()
+        observe.CORRECTION_TOKENS.labels(backend).inc(out.tokens)
+        return out
     except CorrectorError as e:
+        observe.CORRECTIONS.labels(backend, f"error:{e.kind}").inc()
         detail = {
             "kind": e.kind,
             "reason": excerpt(e.reason),

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from services.env.routes import router
 from services.env.service import EnvError, EnvPool, EpisodeNotStarted, PoolFull, SessionNotFound
+from shared.observe import install as install_metrics
 from shared.service_auth import excerpt, secure_service
 from shared.settings import Settings, get_settings
 
@@ -25,6 +26,7 @@ def create_app(pool: EnvPool | None = None, settings: Settings | None = None) ->
     app = FastAPI(title="gtr-lab env service", version="0.1.0")
     app.state.pool = pool if pool is not None else pool_from(settings)
     app.include_router(router)
+    install_metrics(app, "env")
     for exc, status in _STATUS.items():
         app.add_exception_handler(exc, _handler(status))
     errors = {

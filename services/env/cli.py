@@ -140,10 +140,12 @@ def serve(host: str, port: int, max_sessions: int | None, ttl: float | None) -> 
     import uvicorn
 
     from services.env.app import create_app, pool_from
+    from shared.logs import uvicorn_log_config
     from shared.service_auth import serve_settings
 
     settings = serve_settings()
     pool = pool_from(settings)
     pool.max_sessions = max_sessions or pool.max_sessions
     pool.ttl_s = ttl or pool.ttl_s
-    uvicorn.run(create_app(pool, settings), host=host, port=port)
+    app = create_app(pool, settings)
+    uvicorn.run(app, host=host, port=port, log_config=uvicorn_log_config())

@@ -19,6 +19,7 @@ from services.env.schemas import (
     action_as_output,
 )
 from services.env.service import EnvError, EnvPool
+from shared import observe
 
 router = APIRouter()
 
@@ -77,6 +78,7 @@ def reset_env(session_id: str, request: Request, req: ResetRequest | None = None
 def step_env(session_id: str, req: StepRequest, request: Request) -> StepOut:
     """Step with the agent's output (or a legal action name); auto-resets when done."""
     pool = _pool(request)
+    observe.ENV_STEPS.inc()
     return StepOut.of(pool.step(session_id, _output(pool, session_id, req)), _raw(request))
 
 
@@ -85,6 +87,8 @@ def step_batch(req: BatchStepRequest, request: Request) -> BatchStepResponse:
     """Step many sessions at once."""
     pool = _pool(request)
     items = [(item.id, _output(pool, item.id, item)) for item in req.steps]
+    observe.ENV_STEPS.inc(len(items))
+    observe.ENV_BATCH.observe(len(items))
     raw = _raw(request)
     return BatchStepResponse(results=[StepOut.of(r, raw) for r in pool.step_batch(items)])
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from services.policy.batching import Batcher
 from services.policy.routes import router
+from shared.observe import install as install_metrics
 from shared.service_auth import secure_service
 from shared.settings import Settings, get_settings
 
@@ -45,6 +46,7 @@ def create_app(
     app.state.checkpoint = checkpoint
     app.state.checkpoint_roots = [settings.checkpoints_path, *settings.checkpoint_roots]
     app.include_router(router)
+    install_metrics(app, "policy")
     errors = {
         404: "Checkpoint not found or not allowed",
         413: "Request body, prompt or response too large",

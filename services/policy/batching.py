@@ -11,6 +11,7 @@ from typing import Any
 from PIL import Image
 
 from services.policy.schemas import Generation
+from shared import observe
 
 
 @dataclass
@@ -125,6 +126,7 @@ class Batcher:
         self.stats.samples += len(prompts)
         self.stats.largest_batch = max(self.stats.largest_batch, len(prompts))
         self._generating = True
+        observe.POLICY_BATCH.observe(len(prompts))
         try:
             gens = await asyncio.to_thread(self.policy.generate, images, prompts, **group[0].params)
         except Exception as e:  # every caller of the failed call hears about it
@@ -134,6 +136,7 @@ class Batcher:
             return
         finally:
             self._generating = False
+        observe.POLICY_TOKENS.inc(sum(len(g.token_ids) for g in gens))
         start = 0
         for j in group:
             if not j.future.done():  # a cancelled caller (client went away) is skipped

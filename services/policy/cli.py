@@ -145,4 +145,6 @@ def serve(
         checkpoint=str(checkpoint) if checkpoint else None,
         settings=settings,
     )
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    from shared.logs import uvicorn_log_config
+
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=uvicorn_log_config())

@@ -74,8 +74,13 @@ def record_checkpoint(
     session: Session, run_id: int, update_idx: int, policy: Any, state: dict[str, Any] | None
 ) -> Checkpoint:
     """Write a checkpoint folder and upsert its row; state None = weights only (the init)."""
+    path = write_checkpoint(policy, checkpoint_store().path_for(run_id, update_idx), state)
+    return record_folder(session, run_id, update_idx, path)
+
+
+def record_folder(session: Session, run_id: int, update_idx: int, path: Path) -> Checkpoint:
+    """Upsert the row of a checkpoint folder already in place (size and sha256 of its files)."""
     store = checkpoint_store()
-    path = write_checkpoint(policy, store.path_for(run_id, update_idx), state)
     size, sha = CheckpointStore.digest(path)
     row = get_checkpoint(session, run_id, update_idx)
     if row is None:

@@ -24,7 +24,13 @@ import click
     type=click.IntRange(0, 10_000),
     help="Greedy episodes played after the warm start (0 = skip)",
 )
-def sft(config: Path, out: Path, eval_episodes: int) -> None:
+@click.option(
+    "--dataset",
+    type=click.Path(exists=True, path_type=Path),
+    help="A run exported with 'gtr export': SFT on its corrected outputs after the "
+    "config's init (its sft_steps, lr and batch_size)",
+)
+def sft(config: Path, out: Path, eval_episodes: int, dataset: Path | None) -> None:
     """Warm-start the policy of CONFIG (vision warm-up + oracle SFT) into OUT."""
     from pydantic import ValidationError
 
@@ -38,6 +44,23 @@ def sft(config: Path, out: Path, eval_episodes: int) -> None:
         raise click.ClickException(f"{out} is not empty")
     from services.trainer.warmstart import init_policy
 
+    if dataset is not None:
+        from services.trainer.sft_data import dataset_samples
+        from services.trainer.warmstart import greedy_eval, sft_warmup
+
+        samples = dataset_samples(dataset)
+        if not samples:
+            raise click.ClickException(f"{dataset} has no corrected or agreed step with a frame")
+        policy, summary = init_policy(cfg, out / "base")  # the config's own init first
+        i = cfg.init
+        summary |= sft_warmup(policy, samples, i.sft_steps, i.batch_size, i.lr, cfg.seed)
+        summary["dataset/samples"] = float(len(samples))
+        if eval_episodes:
+            summary |= greedy_eval(policy, cfg.task, cfg.env, eval_episodes, cfg.seed)
+        policy.save(out)
+        (out / "warm_start.json").write_text(json.dumps(summary, indent=2))
+        click.echo(json.dumps(summary))
+        return
     # The command is the warm start whatever the config's init kind says.
     cfg = cfg.model_copy(update={"init": cfg.init.model_copy(update={"kind": "warm_start"})})
     policy, summary = init_policy(cfg, out / "base", eval_episodes)

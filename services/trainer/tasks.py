@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from shared.db.models import Run, Update
+from shared.logs import run_context
 from shared.queues import TASK_INIT, TASK_UPDATE, celery_app
 from shared.rollout import Rollout
 from shared.schemas import RunConfig
@@ -54,8 +55,8 @@ class UpdateError(RuntimeError):
 
 def run_init(session: Session, run_id: int) -> dict[str, Any]:
     """The init stage: warm start (or a given checkpoint) → the run's checkpoint −1."""
-    from services.trainer.checkpoint import get_checkpoint, record_checkpoint
-    from services.trainer.warmstart import init_policy
+    from services.trainer.checkpoint import get_checkpoint, record_checkpoint, record_folder
+    from services.trainer.warmcache import cached_init_policy, reuse_checkpoint
 
     if get_checkpoint(session, run_id, -1) is not None:
         log.info("run %s is already initialised: skipping", run_id)
@@ -63,9 +64,20 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
     from shared.storage import checkpoint_store
 
     # Under LoRA the warm-started model becomes the run's own base, kept beside its checkpoints.
-    base_dir = checkpoint_store().path_for(run_id, -1).parent / "base"
-    policy, summary = init_policy(_run_config(session, run_id), base_dir)
-    record_checkpoint(session, run_id, -1, policy, None)
+    path = checkpoint_store().path_for(run_id, -1)
+    base_dir = path.parent / "base"
+    cfg = _run_config(session, run_id)
+    summary: dict[str, Any] = {}
+    warm = reuse_checkpoint(cfg, path)  # full fine-tuning: the cached weights, no model built
+    if warm is not None:
+        record_folder(session, run_id, -1, path)
+    else:
+        policy, summary, warm = cached_init_policy(cfg, base_dir)
+        record_checkpoint(session, run_id, -1, policy, None)
+    if warm is not None:  # the run record says whether the warm start came from the cache
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.info = {**(run.info or {}), "warm_start": warm.as_dict()}
     session.flush()
     return summary
 
@@ -251,7 +263,7 @@ def init(self: Any, run_id: int) -> dict[str, Any]:
     """Celery entry point: one transaction around ``run_init``."""
     from shared.db.session import session_scope
 
-    with _beating(self), session_scope() as session:
+    with _beating(self), run_context(run_id), session_scope() as session:
         return run_init(session, run_id)
 
 
@@ -267,7 +279,7 @@ def update(self: Any, run_id: int, update_idx: int) -> dict[str, Any]:
                 from services.trainer.distributed import launch
 
                 return launch(run_id, update_idx, config_file)
-            with session_scope() as session:
+            with run_context(run_id), session_scope() as session:
                 return run_update(session, run_id, update_idx)
     except BaseException:
         forget_run(run_id)

@@ -113,6 +113,8 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Beside training: {"warm_start": {"reused": ..., "key": ...}, "tracking": {name: error}}.
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
 
     updates: Mapped[list[Update]] = relationship(back_populates="run", order_by="Update.idx")
 

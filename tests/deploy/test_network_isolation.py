@@ -18,7 +18,8 @@ from tests.deploy.manifests import (
     render_overlay,
 )
 
-CLIENTS = {"controller", "trainer", "trainer-gpu", "corrector"}  # the parts that call them
+# The parts that call them, and Prometheus (profile monitoring) that scrapes their /metrics.
+CLIENTS = {"controller", "trainer", "trainer-gpu", "corrector", "prometheus"}
 INTERNAL = {"env", "policy"}
 COMPONENT = "app.kubernetes.io/component"
 
@@ -74,7 +75,8 @@ def test_k8s_network_policy_admits_only_the_controller_and_workers(
             for name, labels in pods.items()
             if _selected(peer["podSelector"], labels)
         }
-        assert allowed == CLIENTS - {"trainer-gpu"}, (component, allowed)
+        # k8s: the ServiceMonitor's Prometheus is not admitted yet (a note on issue 20).
+        assert allowed == CLIENTS - {"trainer-gpu", "prometheus"}, (component, allowed)
     for component in ("controller", "trainer", "corrector"):  # serve nothing: no ingress
         rules = [
             p for p in _policies(resources) if _selected(p["spec"]["podSelector"], pods[component])

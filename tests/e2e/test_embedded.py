@@ -38,6 +38,9 @@ def test_gtr_train_embedded_completes_with_exact_counts(tmp_path, warm_checkpoin
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "completed" in proc.stdout and "gtr serve" in proc.stdout
     assert "eval/success_rate" in proc.stdout  # the summary's first row
+    # Stdout is a pipe: one plain line per update, no progress bar.
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("update ")]
+    assert [p.split()[1] for p in progress] == ["1/2", "2/2"] and "env steps 16/16" in progress[1]
     db = tmp_path / "gtr-data" / "gtr.sqlite3"
     assert db.exists()
     c = counts(1, f"sqlite:///{db}")

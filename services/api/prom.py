@@ -1,0 +1,126 @@
+"""The API's Prometheus metrics read from the database and Redis at scrape time: runs by status,
+corrections, latency and spend per corrector, the latest update's speed of each running run,
+and the depth of the Celery queues. A scrape is a handful of aggregate queries."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from shared.db.models import RUN_STATUSES, Correction, Run, Update
+from shared.db.session import session_scope
+from shared.settings import get_settings
+
+log = logging.getLogger("gtr.api")
+
+# Figures of a running run's latest update, exported per run.
+RUN_FIGURES = {
+    "env_steps_per_s": "Env steps per second of the latest rollout",
+    "update_s": "Seconds of the latest update (rollout, training, probe)",
+    "train_s": "Seconds the trainer took for the latest update",
+    "corrector_latency_ms": "Mean correction latency of the latest update (ms)",
+    "tracking_s": "Seconds spent in experiment trackers in the latest update",
+}
+
+
+class StoreCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with session_scope() as s:
+                yield from _runs(s)
+                yield from _corrections(s)
+                yield from _running(s)
+        except Exception as e:  # a database outage shows as a missing series, not a 500
+            log.warning("metrics: the database did not answer: %s", e)
+        yield from _queues()
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily: no database query at registration
+
+
+def _runs(s: Any) -> Iterator[Metric]:
+    g = GaugeMetricFamily("gtr_runs", "Runs by status", labels=["status"])
+    counts = dict(s.execute(select(Run.status, func.count()).group_by(Run.status)).all())
+    for status in RUN_STATUSES:
+        g.add_metric([status], float(counts.get(status, 0)))
+    yield g
+
+
+def _corrections(s: Any) -> Iterator[Metric]:
+    by = GaugeMetricFamily(
+        "gtr_corrections",
+        "Corrections by corrector, status and verdict",
+        labels=["corrector", "status", "verdict"],
+    )
+    rows = s.execute(
+        select(Correction.corrector, Correction.status, Correction.verdict, func.count()).group_by(
+            Correction.corrector, Correction.status, Correction.verdict
+        )
+    ).all()
+    for name, status, verdict, n in rows:
+        by.add_metric([name, status, verdict or ""], float(n))
+    yield by
+    lat = GaugeMetricFamily(
+        "gtr_correction_latency_ms_mean",
+        "Mean latency of finished corrections",
+        labels=["corrector"],
+    )
+    spend = GaugeMetricFamily(
+        "gtr_corrector_tokens", "Tokens spent by corrector", labels=["corrector"]
+    )
+    done = s.execute(
+        select(Correction.corrector, func.avg(Correction.latency_ms), func.sum(Correction.tokens))
+        .where(Correction.status == "done")
+        .group_by(Correction.corrector)
+    ).all()
+    for name, avg, tokens in done:
+        lat.add_metric([name], float(avg or 0.0))
+        spend.add_metric([name], float(tokens or 0))
+    yield lat
+    yield spend
+
+
+def _running(s: Any) -> Iterator[Metric]:
+    gauges = {
+        k: GaugeMetricFamily(f"gtr_run_{k}", doc, labels=["run_id"])
+        for k, doc in RUN_FIGURES.items()
+    }
+    running = s.scalars(select(Run.id).where(Run.status == "running")).all()
+    for run_id in running[:200]:
+        latest = s.scalar(
+            select(Update.metrics)
+            .where(Update.run_id == run_id)
+            .order_by(Update.idx.desc())
+            .limit(1)
+        )
+        for k, g in gauges.items():
+            v = (latest or {}).get(k)
+            if isinstance(v, int | float):
+                g.add_metric([str(run_id)], float(v))
+    yield from gauges.values()
+
+
+def _queues() -> Iterator[Metric]:
+    if not get_settings().redis_url:
+        return
+    from services.controller.backends import queued_messages
+
+    g = GaugeMetricFamily("gtr_queue_depth", "Messages waiting in a Celery queue", labels=["queue"])
+    for q in ("corrector", "trainer"):
+        try:
+            g.add_metric([q], float(queued_messages(q)))
+        except Exception as e:
+            log.warning("metrics: queue %s unreadable: %s", q, e)
+    yield g
+
+
+def api_registry() -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StoreCollector())
+    return reg

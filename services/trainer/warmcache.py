@@ -1,0 +1,282 @@
+"""Warm-start cache: a run whose warm start was already paid reuses its result in seconds.
+
+A warm start (vision warm-up + oracle SFT) is a pure function of the base model, the task and
+its env settings, the ``[init]`` recipe, the seed and the code of the recipe: the cache keys an
+entry by the sha256 of exactly those (``warm_start_key``). An entry is a folder
+``<cache>/warmstart/<key>/`` holding ``model/`` (a policy checkpoint under full fine-tuning, the
+fine-tuned HF model folder under LoRA) and ``meta.json`` (the key's inputs, the stage metrics,
+the seconds the warm start took). Entries are written to a temporary folder and renamed, so
+two runs warming up at once never see half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.schemas import RunConfig
+from shared.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+# Bump when something the recipe depends on outside warmstart.py changes its result (the env
+# renderers, the expert's outputs, the tiny model builder).
+RECIPE_VERSION = 1
+META = "meta.json"
+SMALL_FILE = 1 << 20  # base-model files up to this size are hashed whole; larger by size+mtime
+
+
+@dataclass
+class WarmStartInfo:
+    """What the run record shows: whether the warm start came from the cache, and its key."""
+
+    reused: bool
+    key: str
+    seconds: float
+    built_seconds: float  # what the warm start cost when it was built
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reused": self.reused,
+            "key": self.key,
+            "seconds": round(self.seconds, 3),
+            "built_seconds": round(self.built_seconds, 3),
+        }
+
+
+def cache_root() -> Path:
+    return get_settings().cache_path / "warmstart"
+
+
+def recipe_code_version() -> str:
+    """sha256 of the warm-start module's source and RECIPE_VERSION: editing the recipe's code
+    invalidates every entry built by the old one."""
+    from services.trainer import warmstart
+
+    src = inspect.getsource(warmstart)
+    return hashlib.sha256(f"{RECIPE_VERSION}\n{src}".encode()).hexdigest()
+
+
+def model_fingerprint(base: Path) -> str:
+    """The base model folder: small files by content, weight files by name, size and mtime."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(base).rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(str(f.relative_to(base)).encode())
+        if st.st_size <= SMALL_FILE:
+            h.update(f.read_bytes())
+        else:
+            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def key_inputs(cfg: RunConfig, base: Path) -> dict[str, Any]:
+    """Everything that determines a warm start's weights."""
+    import torch
+    import transformers
+
+    recipe = cfg.init.model_dump(mode="json", exclude={"kind", "checkpoint", "cache"})
+    return {
+        "model": cfg.model.model_dump(mode="json"),
+        "base_model": model_fingerprint(base),
+        "task": cfg.task,
+        "env": cfg.env.model_dump(mode="json"),
+        "recipe": recipe,
+        "seed": cfg.seed,
+        "code": recipe_code_version(),
+        "libs": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+
+def warm_start_key(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def _entry(cfg: RunConfig) -> tuple[str, dict[str, Any], Path]:
+    from services.trainer.warmstart import base_model_path
+
+    inputs = key_inputs(cfg, base_model_path(cfg.model, cfg.task))
+    key = warm_start_key(inputs)
+    return key, inputs, cache_root() / key
+
+
+def _enabled(cfg: RunConfig) -> bool:
+    return cfg.init.kind == "warm_start" and cfg.init.cache and get_settings().warmstart_cache
+
+
+def reuse_checkpoint(cfg: RunConfig, dest: Path) -> WarmStartInfo | None:
+    """Full fine-tuning: a cached warm start becomes the run's init checkpoint ``dest`` as hard
+    links (copies across file systems), with no model built; None when there is none to reuse."""
+    if cfg.model.finetune != "full" or not _enabled(cfg):
+        return None
+    started = time.monotonic()
+    key, _, entry = _entry(cfg)
+    if not (entry / META).is_file():
+        return None
+    meta = json.loads((entry / META).read_text())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+    try:
+        _copy_tree(entry / "model", tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.exception("warm-start cache entry %s could not be linked: warming up", key[:12])
+        return None
+    seconds = time.monotonic() - started
+    log.info("warm start reused from the cache (%s, %.1f s)", key[:12], seconds)
+    return WarmStartInfo(True, key, seconds, float(meta.get("seconds", 0.0)))
+
+
+def cached_init_policy(
+    cfg: RunConfig, base_dir: Path, eval_episodes: int = 0
+) -> tuple[Any, dict[str, float], WarmStartInfo | None]:
+    """``init_policy`` through the cache; the info is None when no warm start was asked for or
+    the cache is off (``init.cache = false``, ``GTR_WARMSTART_CACHE=0``)."""
+    from services.trainer.warmstart import base_model_path, init_policy
+
+    if not _enabled(cfg):
+        policy, summary = init_policy(cfg, base_dir, eval_episodes)
+        return policy, summary, None
+    base = base_model_path(cfg.model, cfg.task)
+    started = time.monotonic()
+    key, inputs, entry = _entry(cfg)
+    if (entry / META).is_file():
+        try:
+            policy, meta = _load(cfg, entry, base, base_dir)
+        except Exception:  # a damaged entry is rebuilt, never trusted
+            log.exception("warm-start cache entry %s is unusable: rebuilding it", key[:12])
+        else:
+            seconds = time.monotonic() - started
+            log.info("warm start reused from the cache (%s, %.1f s)", key[:12], seconds)
+            info = WarmStartInfo(True, key, seconds, float(meta.get("seconds", 0.0)))
+            return policy, dict(meta.get("summary", {})), info
+    policy, summary = init_policy(cfg, base_dir, eval_episodes)
+    seconds = time.monotonic() - started
+    try:
+        _store(cfg, policy, base_dir, entry, inputs, summary, seconds)
+    except OSError:  # a full disk costs the next run its reuse, not this run
+        log.exception("could not write warm-start cache entry %s", key[:12])
+    return policy, summary, WarmStartInfo(False, key, seconds, seconds)
+
+
+def _load(cfg: RunConfig, entry: Path, base: Path, base_dir: Path) -> tuple[Any, dict]:
+    from services.policy.service import Policy
+
+    meta = json.loads((entry / META).read_text())
+    model = entry / "model"
+    if cfg.model.finetune == "full":
+        policy = Policy.from_config(cfg.model, base, seed=cfg.seed)
+        policy.load_weights(model)
+        return policy, meta
+    # LoRA: the warm-started HF model is the run's own base; a copy in the run's folder keeps
+    # the run's checkpoints valid after `gtr cache rm`.
+    _copy_tree(model, base_dir)
+    return Policy.from_config(cfg.model, base_dir, seed=cfg.seed), meta
+
+
+def _store(
+    cfg: RunConfig,
+    policy: Any,
+    base_dir: Path,
+    entry: Path,
+    inputs: dict[str, Any],
+    summary: dict[str, float],
+    seconds: float,
+) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name[:12]}-"))
+    try:
+        if cfg.model.finetune == "full":
+            policy.save(tmp / "model")
+        else:
+            _copy_tree(base_dir, tmp / "model")
+        meta = {
+            "inputs": inputs,
+            "summary": summary,
+            "seconds": seconds,
+            "task": cfg.task,
+            "name": cfg.name,
+            "created_at": time.time(),
+        }
+        (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        os.rename(tmp, entry)  # atomic; fails when a concurrent run stored the same key first
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (entry / META).is_file():
+            raise
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Hard links where the file system allows (instant, no extra space), else copies."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in Path(src).rglob("*"):
+        target = dst / f.relative_to(src)
+        if f.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            target.unlink()
+        try:
+            os.link(f, target)
+        except OSError:
+            shutil.copy2(f, target)
+
+
+# ---- gtr cache ls | rm --------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    key: str
+    task: str
+    name: str
+    size_bytes: int
+    created_at: float
+    seconds: float
+
+
+def list_entries() -> list[Entry]:
+    root = cache_root()
+    out = []
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if d.name.startswith(".") or not (d / META).is_file():
+            continue
+        try:
+            meta = json.loads((d / META).read_text())
+        except (OSError, ValueError):
+            meta = {}
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        out.append(
+            Entry(
+                d.name,
+                str(meta.get("task", "?")),
+                str(meta.get("name", "?")),
+                size,
+                float(meta.get("created_at", 0.0)),
+                float(meta.get("seconds", 0.0)),
+            )
+        )
+    return out
+
+
+def remove_entries(prefix: str | None) -> list[str]:
+    """Remove the entries whose key starts with ``prefix`` (all when None)."""
+    gone = []
+    for e in list_entries():
+        if prefix is None or e.key.startswith(prefix):
+            shutil.rmtree(cache_root() / e.key, ignore_errors=True)
+            gone.append(e.key)
+    return gone
