@@ -237,8 +237,12 @@ class RunConfig(_Strict):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> RunConfig:
+        """Read a TOML config; its paths are relative to the file (shared/config_paths.py)."""
+        from shared.config_paths import resolve_config_paths
+
         with open(path, "rb") as f:
-            return cls.model_validate(tomllib.load(f))
+            raw = tomllib.load(f)
+        return cls.model_validate(resolve_config_paths(raw, Path(path).resolve().parent))
 
 
 # ---- corrector protocol (POST /v1/correct) -------------------------------------------------

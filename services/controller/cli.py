@@ -21,6 +21,12 @@ from services.controller.console import load_config, print_summary, progress_pri
 def train(config: Path, name: str | None, updates: int | None, seed: int | None) -> None:
     """Train a run in this process (embedded: SQLite and ./gtr-data unless settings say else)."""
     cfg = load_config(config, name=name, updates=updates, seed=seed)
+    from services.controller.preflight import PreflightError, preflight
+
+    try:  # before the run row exists: a bad path is one line, not a failed run
+        preflight(cfg)
+    except PreflightError as e:
+        raise click.ClickException(str(e)) from None
     from services.api.service import create_run
     from services.controller.loop import drive
     from shared.db.migrate import ensure_schema

@@ -25,6 +25,9 @@ def load_config(
         raise click.ClickException(f"config file not found: {path}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise click.ClickException(f"{path} is not valid TOML: {e}") from None
+    from shared.config_paths import resolve_config_paths
+
+    resolve_config_paths(raw, Path(path).resolve().parent)  # paths are relative to the file
     if name:
         raw["name"] = name
     if seed is not None:
@@ -114,6 +117,7 @@ def summary_columns(metrics: list[dict[str, Any]], most: int = 6) -> list[int]:
 
 def print_summary(run_id: int, seconds: float) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     from sqlalchemy import select
 
@@ -137,8 +141,8 @@ def print_summary(run_id: int, seconds: float) -> None:
             table.add_row(k, *(_fmt(v) if isinstance(v, int | float) else "" for v in cells))
     console = Console()
     console.print(table)
-    if error:
-        console.print(f"[red]error:[/red] {error}")
+    if error:  # escaped: a message such as pip install 'gtr-lab[alfworld]' is not markup
+        console.print(f"[red]error:[/red] {escape(error)}")
     console.print(
         f"Browse the run: [bold]gtr token create me[/bold], then [bold]gtr serve[/bold] and open "
         f"http://127.0.0.1:8000/runs/{run_id}"

@@ -26,8 +26,9 @@ HOW_TO_GET_GAMES = (
     "ALFWorld needs games: set env.options.games to a folder (or list of folders) holding "
     "<task>/trial_*/{game.tw-pddl,traj_data.json}. Full data set: `pip install 'gtr-lab[alfworld]' "
     "&& export ALFWORLD_DATA=~/alfworld && alfworld-download` then games = "
-    "'$ALFWORLD_DATA/json_2.1.1/train'; offline: `gtr alfworld make-games OUT --n 20 --scene DIR` "
-    "(synthetic, never an ALFWorld score). See docs/alfworld.md."
+    "'$ALFWORLD_DATA/json_2.1.1/train'; offline: `gtr alfworld make-games OUT --n 20` "
+    "(synthetic, never an ALFWorld score). To play: `gtr env play alfworld --games DIR --expert`. "
+    "See docs/alfworld.md."
 )
 
 
