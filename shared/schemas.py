@@ -190,10 +190,20 @@ class MetricsConfig(_Strict):
         description="Fixed probe set decoded greedily each update (collapse monitor)",
     )
     min_relevance: float = Field(
-        0.3, ge=0, le=1, description="Alarm when probe state relevance falls below"
+        0.3, ge=0, le=1, description="Alarm when probe relevance is below this after the warm-up"
+    )
+    relevance_drop: float = Field(
+        0.5, ge=0, le=1, description="Alarm when probe relevance falls this share under the best"
+    )
+    alarm_warmup_updates: int = Field(
+        10, ge=0, le=100_000, description="Updates before min_relevance applies on its own"
     )
     max_top_thought_share: float = Field(
-        0.5, ge=0, le=1, description="Alarm when one thought dominates the probe"
+        0.5,
+        ge=0,
+        le=1,
+        description="Alarm when one thought's probe share s exceeds s0 + this x (1 - s0), "
+        "s0 = the share thoughts that track the probe states perfectly would have",
     )
     success_window: int = Field(
         200, ge=1, le=100_000, description="Running success rate over the last N episodes"

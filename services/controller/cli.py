@@ -10,7 +10,12 @@ from typing import Any
 
 import click
 
-from services.controller.console import load_config, print_summary, progress_printer
+from services.controller.console import (
+    load_config,
+    print_summary,
+    progress_printer,
+    success_cell,
+)
 
 
 @click.command()
@@ -251,10 +256,10 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
             click.echo(
                 f"[{r['status']}] update {seen}/{r['num_updates']}"
                 f"  env steps {r['env_steps']}/{r['total_env_steps']}"
-                f"  success {m.get('success_rate', nan):.2f}"
+                f"  success {success_cell(m)}"
                 f"  corrected {m.get('corrected_rate', nan):.2f}"
                 f"{evaluated}"
-                f"{'  ALARM' if r['alarm'] else ''}"
+                f"{'  ALARM: ' + str(m.get('alarm_reason', '')) if r['alarm'] else ''}"
             )
         if r["status"] in ("completed", "failed", "cancelled"):
             if r["error"]:

@@ -50,6 +50,7 @@ def _fmt(x: Any) -> str:
 
 @contextmanager
 def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [
@@ -65,13 +66,14 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
 
         def on_progress(p: Any) -> None:
             m = p.metrics
-            alarm = "  [red]COLLAPSE ALARM[/red]" if m.get("alarm") or _alarm(cfg, m) else ""
+            reason = m.get("alarm_reason")
+            alarm = f"  [red]COLLAPSE ALARM: {escape(str(reason))}[/red]" if reason else ""
             if "eval/success_rate" in m:
                 last_eval[0] = m["eval/success_rate"]
             evaluated = "" if last_eval[0] is None else f"  eval {_fmt(last_eval[0])}"
             stats = (
                 f"update {p.update_idx + 1}/{cfg.train.num_updates}"
-                f"  success {_fmt(m.get('success_rate'))}"
+                f"  success {success_cell(m)}"
                 f"{evaluated}"
                 f"  corrected {_fmt(m.get('corrected_rate'))}"
                 f"  relevance {_fmt(m.get('probe_relevance'))}{alarm}"
@@ -81,10 +83,13 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
         yield on_progress
 
 
-def _alarm(cfg: RunConfig, m: dict[str, Any]) -> bool:
-    from services.controller.metrics import collapse_alarm
-
-    return collapse_alarm(m, cfg.metrics.min_relevance, cfg.metrics.max_top_thought_share)
+def success_cell(m: dict[str, Any]) -> str:
+    """The success rate, or "0 of N finished" while no episode has ended."""
+    if isinstance(m.get("success_rate"), int | float):
+        return _fmt(m["success_rate"])
+    if "episodes_started" in m:
+        return f"{m.get('episodes_finished', 0):.0f} of {m['episodes_started']:.0f} finished"
+    return "-"
 
 
 SUMMARY_KEYS = (
@@ -115,6 +120,23 @@ def summary_columns(metrics: list[dict[str, Any]], most: int = 6) -> list[int]:
     return sorted(set(picked) | {0, n - 1})
 
 
+def summary_notes(metrics: list[dict[str, Any]]) -> list[str]:
+    """Warnings under the summary table: collapse alarms with their reasons, and games that are
+    not ALFWorld benchmark games."""
+    notes = [
+        f"collapse alarm at update {i + 1}: {m['alarm_reason']}"
+        for i, m in enumerate(metrics)
+        if m.get("alarm_reason")
+    ]
+    shares = [m["benchmark_share"] for m in metrics if "benchmark_share" in m]
+    if shares and min(shares) < 1:
+        notes.append(
+            f"{1 - sum(shares) / len(shares):.0%} of the steps were on synthetic or derived "
+            "(goal-swap) games: these results are not ALFWorld scores"
+        )
+    return notes
+
+
 def print_summary(run_id: int, seconds: float) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -137,10 +159,14 @@ def print_summary(run_id: int, seconds: float) -> None:
         table.add_column(f"update {i + 1}", justify="right")
     for k in SUMMARY_KEYS:
         cells = [metrics[i].get(k) for i in cols]
-        if any(isinstance(v, int | float) for v in cells):
+        if k == "success_rate" and cols:  # always a row: "0 of N finished" when none ended
+            table.add_row(k, *(success_cell(metrics[i]) for i in cols))
+        elif any(isinstance(v, int | float) for v in cells):
             table.add_row(k, *(_fmt(v) if isinstance(v, int | float) else "" for v in cells))
     console = Console()
     console.print(table)
+    for line in summary_notes(metrics):
+        console.print(escape(line), style="yellow")
     if error:  # escaped: a message such as pip install 'gtr-lab[alfworld]' is not markup
         console.print(f"[red]error:[/red] {escape(error)}")
     console.print(

@@ -14,6 +14,7 @@ embedded mode hands it in-process objects, the full stack hands it network clien
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -277,6 +278,8 @@ class RunDriver:
                 **self.success.summary(),
                 **per_subtask,
                 **speed,
+                **self._episode_counts(s),
+                **M.benchmark_share([v.state for v in ro.views]),
                 "rollout_sha": sha,
             }
             s.add(Update(run_id=self.run_id, idx=u, metrics=summary))
@@ -292,9 +295,11 @@ class RunDriver:
             assert row is not None
             extra.update(self._correction_stats(s, u))
             merged = {**row.metrics, **extra}
-            row.alarm = M.collapse_alarm(
-                merged, self.cfg.metrics.min_relevance, self.cfg.metrics.max_top_thought_share
-            )
+            reason = M.alarm_reason(merged, self._best_relevance(s, u), u, self._limits())
+            merged.pop("alarm_reason", None)
+            if reason is not None:
+                merged["alarm_reason"] = reason
+            row.alarm = reason is not None
             row.metrics = merged
             run = s.get(Run, self.run_id)
             assert run is not None
@@ -405,7 +410,11 @@ class RunDriver:
             success = bool(r.success)
             final = r.final_state or {}
             if "subtask" in final:  # ALFWorld: success per subtask (pick, look, clean, ...)
-                cur.meta = {"subtask": final["subtask"], "synthetic": bool(final.get("synthetic"))}
+                cur.meta = {
+                    "subtask": final["subtask"],
+                    "synthetic": bool(final.get("synthetic")),
+                    "benchmark": bool(final.get("benchmark")),
+                }
                 window = self.subtasks.setdefault(
                     final["subtask"], M.SuccessWindow(self.success.size)
                 )
@@ -491,15 +500,40 @@ class RunDriver:
         self.sessions.clear()
 
     def _probe_states(self) -> list[Any]:
-        """A fixed set of states, the same each update: first observations of seeded episodes."""
-        out = []
+        """A fixed set of distinct states (by image and prompt), the same each update: the first
+        observation of each seeded episode or, where that one is already in the set (every
+        ALFWorld game of a kitchen opens on one view), a state a few expert steps later."""
+        found: dict[tuple[str, str], Any] = {}
         for i in range(self.cfg.metrics.probe_states):
-            sid = self.envs.create(self.cfg.task, self.cfg.env, seed=PROBE_SEED + i)
-            try:
-                out.append(self.envs.reset(sid))
-            finally:
-                self.envs.close(sid)
+            self._probe_walk(PROBE_SEED + i, found)
+        out = list(found.values())
+        self._probe_ideal = [self._ideal_thought(o.state) for o in out]
+        self._probe_images = [sha for sha, _ in found]
         return out
+
+    def _probe_walk(self, seed: int, found: dict[tuple[str, str], Any], steps: int = 3) -> None:
+        """Add one new state of a seeded episode to ``found``: its first, else up to ``steps``
+        expert steps in (one reset each: ALFWorld's cost seconds)."""
+        from services.env.expert import expert_output, format_output
+
+        sid = self.envs.create(self.cfg.task, self.cfg.env, seed=seed)
+        try:
+            o = self.envs.reset(sid)
+            for _ in range(steps + 1):
+                key = (hashlib.sha1(o.image.tobytes()).hexdigest(), o.prompt)
+                if key not in found:
+                    found[key] = o
+                    return
+                text = format_output(expert_output(self.cfg.task, o.state))
+                o = self.envs.step_batch([(sid, text)])[0].observation
+        finally:
+            self.envs.close(sid)
+
+    def _ideal_thought(self, state: dict) -> str:
+        """The oracle's thought for a state, as the parser reads the agent's."""
+        from services.env.expert import expert_output, format_output
+
+        return str(self._parse(format_output(expert_output(self.cfg.task, state)), state).thought)
 
     def _probe(self, probe: list[Any]) -> dict[str, float]:
         gens = greedy_generate(self.policy, probe, self.cfg.generation.max_new_tokens)
@@ -509,7 +543,8 @@ class RunDriver:
             views.append(
                 M.StepView(p.thought, p.action_text, p.format_valid, p.action_valid, o.state)
             )
-        return M.probe_metrics(views, self._relevant)
+        ideal, images = getattr(self, "_probe_ideal", ()), getattr(self, "_probe_images", ())
+        return M.probe_metrics(views, self._relevant, ideal, images)
 
     def _parse(self, text: str, state: dict) -> Any:
         if self.cfg.task == "alfworld":
@@ -527,6 +562,32 @@ class RunDriver:
         from services.env.expert import thought_matches_state
 
         return bool(thought_matches_state(self.cfg.task, thought, state))
+
+    def _episode_counts(self, s: Session) -> dict[str, float]:
+        """Episodes begun and finished so far: "0 of N finished" is shown, not a missing row."""
+        from shared.db.models import Episode
+
+        finished = Episode.finished.is_(True) & Episode.success.is_not(None)
+        started, done = s.execute(
+            select(func.count(), func.count().filter(finished)).where(
+                Episode.run_id == self.run_id
+            )
+        ).one()
+        return {"episodes_started": float(started), "episodes_finished": float(done)}
+
+    def _limits(self) -> M.AlarmLimits:
+        m = self.cfg.metrics
+        return M.AlarmLimits(
+            m.min_relevance, m.max_top_thought_share, m.relevance_drop, m.alarm_warmup_updates
+        )
+
+    def _best_relevance(self, s: Session, u: int) -> float | None:
+        """The best probe relevance of the run's earlier updates (None before any)."""
+        rows = s.scalars(
+            select(Update.metrics).where(Update.run_id == self.run_id, Update.idx < u)
+        ).all()
+        seen = [float(m["probe_relevance"]) for m in rows if "probe_relevance" in m]
+        return max(seen, default=None)
 
     def _correction_stats(self, s: Session, u: int) -> dict[str, float]:
         rows = s.execute(

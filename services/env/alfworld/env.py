@@ -226,6 +226,7 @@ class AlfWorldEnv(gym.Env[np.ndarray, Any]):
             "subtask": state["subtask"],
             "truncation": truncation,
             "synthetic": state["synthetic"],
+            "benchmark": state.get("benchmark", False),
         }
 
 

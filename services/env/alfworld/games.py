@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ from typing import Any
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
 SYNTHETIC_MARKER = "SYNTHETIC"
+# ALFRED names each recorded trajectory trial_T<date>_<time>_<id>; derived games (the sample's
+# goal swaps: trial_variant_N) and synthetic ones do not, so they are never benchmark games.
+_BENCHMARK_TRIAL = re.compile(r"trial_T\d{8}_\d{6}_\d+")
 
 # ALFWorld task types (alfworld.agents.environment TASK_TYPES) -> the subtask names of the papers.
 SUBTASKS: dict[str, str] = {
@@ -46,6 +50,12 @@ class GameTask:
     parent_target: str
     toggle_target: str
     synthetic: bool
+
+    @property
+    def benchmark(self) -> bool:
+        """A game of ALFWorld's data set: a recorded ALFRED trial, not derived nor synthetic."""
+        trial = Path(self.game_file).parent.name
+        return not self.synthetic and bool(_BENCHMARK_TRIAL.fullmatch(trial))
 
     @property
     def subtask(self) -> str:
