@@ -36,6 +36,13 @@ class EnvConfig(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Task-specific options (e.g. ALFWorld games folder)"
     )
+    display_size: int = Field(
+        384,
+        ge=0,
+        le=1024,
+        description="Side of the frame stored for people (UI), drawn beside the model's input; "
+        "0 or not above image_size = show the input itself",
+    )
 
 
 class ModelConfig(_Strict):

@@ -384,6 +384,7 @@ class RunDriver:
             s,
             self.blobs,
             image=obs.image,
+            display=obs.display,
             run_id=self.run_id,
             episode_id=cur.episode_id,
             idx=cur.length,
@@ -512,22 +513,29 @@ class RunDriver:
         return out
 
     def _probe_walk(self, seed: int, found: dict[tuple[str, str], Any], steps: int = 3) -> None:
-        """Add one new state of a seeded episode to ``found``: its first, else up to ``steps``
-        expert steps in (one reset each: ALFWorld's cost seconds)."""
+        """Add one new state of a seeded episode to ``found``: its first, else the first of up
+        to ``steps`` expert steps that looks new, else one whose prompt is new (one reset per
+        call: ALFWorld's cost seconds)."""
         from services.env.expert import expert_output, format_output
 
+        images = {sha for sha, _ in found}
+        fallback: tuple[tuple[str, str], Any] | None = None
         sid = self.envs.create(self.cfg.task, self.cfg.env, seed=seed)
         try:
             o = self.envs.reset(sid)
             for _ in range(steps + 1):
                 key = (hashlib.sha1(o.image.tobytes()).hexdigest(), o.prompt)
-                if key not in found:
+                if key[0] not in images:
                     found[key] = o
                     return
+                if fallback is None and key not in found:
+                    fallback = (key, o)
                 text = format_output(expert_output(self.cfg.task, o.state))
                 o = self.envs.step_batch([(sid, text)])[0].observation
         finally:
             self.envs.close(sid)
+        if fallback is not None:
+            found[fallback[0]] = fallback[1]
 
     def _ideal_thought(self, state: dict) -> str:
         """The oracle's thought for a state, as the parser reads the agent's."""

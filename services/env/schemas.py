@@ -78,14 +78,25 @@ class ObservationOut(BaseModel):
     image_png_b64: str
     prompt: str
     state: dict[str, Any]
+    display_png_b64: str | None = None  # the frame at display_size, for people; None = image
 
     @classmethod
     def of(cls, obs: Observation) -> ObservationOut:
-        return cls(image_png_b64=encode_png(obs.image), prompt=obs.prompt, state=obs.state)
+        display = encode_png(obs.display) if obs.display is not None else None
+        return cls(
+            image_png_b64=encode_png(obs.image),
+            prompt=obs.prompt,
+            state=obs.state,
+            display_png_b64=display,
+        )
 
     def to_observation(self) -> Observation:
+        display = decode_png(self.display_png_b64) if self.display_png_b64 else None
         return Observation(
-            image=decode_png(self.image_png_b64), prompt=self.prompt, state=self.state
+            image=decode_png(self.image_png_b64),
+            prompt=self.prompt,
+            state=self.state,
+            display=display,
         )
 
 

@@ -46,6 +46,7 @@ class Observation:
     image: np.ndarray  # (H, W, 3) uint8
     prompt: str
     state: dict[str, Any]
+    display: np.ndarray | None = None  # the same frame at EnvConfig.display_size, for people
 
 
 @dataclass
@@ -205,7 +206,9 @@ class EnvPool:
 
     def _observe(self, s: _Session, image: np.ndarray) -> Observation:
         u = s.env.unwrapped
-        return Observation(image=image, prompt=u.prompt(), state=u.state())
+        size = s.config.display_size
+        display = u.display(size) if size > image.shape[0] and hasattr(u, "display") else None
+        return Observation(image=image, prompt=u.prompt(), state=u.state(), display=display)
 
     def _reset(self, s: _Session, options: dict[str, Any] | None = None) -> Observation:
         image, _ = s.env.reset(options=options)
