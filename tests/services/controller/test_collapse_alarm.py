@@ -69,7 +69,8 @@ def test_probe_states_are_distinct_and_tracking_them_raises_no_alarm(
     d, probe = ezpoints_probe
     keys = [_key(o.image, o.prompt) for o in probe]
     assert len(probe) == 120 and len(set(keys)) == 120  # seeds repeat deals: walked past them
-    ideal = {k: format_output(expert_output("ezpoints", o.state)) for k, o in zip(keys, probe)}
+    outputs = [format_output(expert_output("ezpoints", o.state)) for o in probe]
+    ideal = dict(zip(keys, outputs, strict=True))
     d.policy = Scripted(ideal)
     tracking = d._probe(probe)
     assert tracking["probe_relevance"] == 1.0

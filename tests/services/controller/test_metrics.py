@@ -4,7 +4,6 @@ import pytest
 
 from services.controller import metrics as M
 
-
 LIMITS = M.AlarmLimits(min_relevance=0.3, max_top_share=0.5, relevance_drop=0.5, warmup_updates=10)
 
 
