@@ -197,13 +197,21 @@ class MetricsConfig(_Strict):
         description="Fixed probe set decoded greedily each update (collapse monitor)",
     )
     min_relevance: float = Field(
-        0.3, ge=0, le=1, description="Alarm when probe relevance is below this after the warm-up"
+        0.3,
+        ge=0,
+        le=1,
+        description="Relevance a run must reach before a drop counts (and, with "
+        "alarm_warmup_updates, the floor after the warm-up)",
     )
     relevance_drop: float = Field(
         0.5, ge=0, le=1, description="Alarm when probe relevance falls this share under the best"
     )
     alarm_warmup_updates: int = Field(
-        10, ge=0, le=100_000, description="Updates before min_relevance applies on its own"
+        0,
+        ge=0,
+        le=100_000,
+        description="Alarm when relevance is still below min_relevance after this many updates; "
+        "0 = never (an agent that has not learnt to read yet has not collapsed)",
     )
     max_top_thought_share: float = Field(
         0.5,

@@ -152,8 +152,9 @@ def alarm_reason(
     """Why the collapse alarm fires, with its numbers; None when it does not.
 
     Relevance: a drop by more than ``relevance_drop`` of the best the run reached (once that
-    best was at least ``min_relevance``), or below ``min_relevance`` after the warm-up updates;
-    an agent that has not learnt to read the state yet has not collapsed.
+    best was at least ``min_relevance``), or, when ``warmup_updates`` > 0, below
+    ``min_relevance`` after that many updates; an agent that has not learnt to read the state
+    yet has not collapsed.
     Dominance: the top thought's share s against the share s0 the probe's own states give when
     thoughts track them perfectly (``probe_expected_top_share``); alarm when
     s > s0 + max_top_share * (1 - s0): with all-distinct states that is about s > max_top_share.
@@ -166,7 +167,8 @@ def alarm_reason(
                 f"probe relevance {rel:.2f} fell below {floor:.2f}, "
                 f"{limits.relevance_drop:.0%} under the run's best {best_relevance:.2f}"
             )
-    if rel is not None and update_idx + 1 >= limits.warmup_updates and rel < limits.min_relevance:
+    warmed = limits.warmup_updates > 0 and update_idx + 1 >= limits.warmup_updates
+    if rel is not None and warmed and rel < limits.min_relevance:
         return (
             f"probe relevance {rel:.2f} is below {limits.min_relevance:.2f} "
             f"after {update_idx + 1} updates"
