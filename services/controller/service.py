@@ -577,9 +577,7 @@ class RunDriver:
 
         finished = Episode.finished.is_(True) & Episode.success.is_not(None)
         started, done = s.execute(
-            select(func.count(), func.count().filter(finished)).where(
-                Episode.run_id == self.run_id
-            )
+            select(func.count(), func.count().filter(finished)).where(Episode.run_id == self.run_id)
         ).one()
         return {"episodes_started": float(started), "episodes_finished": float(done)}
 
