@@ -85,11 +85,7 @@ def test_bad_paths_fail_in_one_line_before_a_run_exists(
     assert result.exit_code == 1, result.output
     assert message.replace("{tmp}", str(tmp_path)) in result.output, result.output
     assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
-    assert (
-        "Traceback" not in result.output
-        and result.exception is None
-        or isinstance(result.exception, SystemExit)
-    )
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
     assert _runs_named(name) == 0
 
 
