@@ -36,12 +36,12 @@ class EnvConfig(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Task-specific options (e.g. ALFWorld games folder)"
     )
-    display_size: int = Field(
-        384,
+    display_size: int | None = Field(
+        None,
         ge=0,
         le=1024,
-        description="Side of the frame stored for people (UI), drawn beside the model's input; "
-        "0 or not above image_size = show the input itself",
+        description="Side of the frame drawn for people beside the model's input; None = 384 on "
+        "a run's recorded steps and none elsewhere; 0 or not above image_size = none",
     )
 
 

@@ -53,6 +53,7 @@ from shared.storage import blob_store
 log = logging.getLogger("gtr.controller")
 
 PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
+DISPLAY_SIZE = 384  # px of the frame people see on a recorded step (labels readable, ~10 KB PNG)
 
 
 class Cancelled(Exception):
@@ -384,7 +385,7 @@ class RunDriver:
             s,
             self.blobs,
             image=obs.image,
-            display=obs.display,
+            display_png=obs.display_png,
             run_id=self.run_id,
             episode_id=cur.episode_id,
             idx=cur.length,
@@ -470,11 +471,14 @@ class RunDriver:
     # ---- envs, probe, metrics -------------------------------------------------------------
 
     def _open_envs(self, u: int) -> None:
+        env = self.cfg.env  # recorded steps get a frame for people, unless the config says not
+        if env.display_size is None:
+            env = env.model_copy(update={"display_size": DISPLAY_SIZE})
         with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
                 sid = self.envs.create(
-                    self.cfg.task, self.cfg.env, seed=(self.cfg.seed * 1000 + u) * 1000 + e
+                    self.cfg.task, env, seed=(self.cfg.seed * 1000 + u) * 1000 + e
                 )
                 self.sessions.append(sid)
                 self.obs.append(self.envs.reset(sid))
@@ -520,7 +524,8 @@ class RunDriver:
 
         images = {sha for sha, _ in found}
         fallback: tuple[tuple[str, str], Any] | None = None
-        sid = self.envs.create(self.cfg.task, self.cfg.env, seed=seed)
+        env = self.cfg.env.model_copy(update={"display_size": 0})  # never recorded
+        sid = self.envs.create(self.cfg.task, env, seed=seed)
         try:
             o = self.envs.reset(sid)
             for _ in range(steps + 1):

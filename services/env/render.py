@@ -7,6 +7,7 @@ sizes are fractions of the canvas side S, so a 64 px frame keeps big, legible di
 
 from __future__ import annotations
 
+import io
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,6 +56,14 @@ def canvas(
 def to_array(img: Image.Image) -> np.ndarray:
     """H x W x 3 uint8 observation."""
     return np.asarray(img, dtype=np.uint8).copy()
+
+
+def display_png(image: np.ndarray) -> bytes:
+    """A display frame as PNG: fast (level 1; encoding is most of its cost) and deterministic,
+    so the same frame always hashes to the same blob."""
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
 
 
 @lru_cache(maxsize=1024)

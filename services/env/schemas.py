@@ -82,7 +82,7 @@ class ObservationOut(BaseModel):
 
     @classmethod
     def of(cls, obs: Observation) -> ObservationOut:
-        display = encode_png(obs.display) if obs.display is not None else None
+        display = base64.b64encode(obs.display_png).decode("ascii") if obs.display_png else None
         return cls(
             image_png_b64=encode_png(obs.image),
             prompt=obs.prompt,
@@ -91,12 +91,12 @@ class ObservationOut(BaseModel):
         )
 
     def to_observation(self) -> Observation:
-        display = decode_png(self.display_png_b64) if self.display_png_b64 else None
+        display = base64.b64decode(self.display_png_b64) if self.display_png_b64 else None
         return Observation(
             image=decode_png(self.image_png_b64),
             prompt=self.prompt,
             state=self.state,
-            display=display,
+            display_png=display,
         )
 
 

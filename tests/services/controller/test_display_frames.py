@@ -42,23 +42,24 @@ def _png(data: bytes) -> np.ndarray:
 @pytest.mark.parametrize("task", ["numberline", "points24", "blackjack"])
 def test_the_display_frame_is_the_same_picture_larger(task: str) -> None:
     pool = EnvPool()
-    sid = pool.create(task, {"image_size": 64}, seed=3)
+    sid = pool.create(task, {"image_size": 64, "display_size": 384}, seed=3)
     obs = pool.reset(sid)
-    assert obs.image.shape == (64, 64, 3) and obs.display is not None
-    assert obs.display.shape == (384, 384, 3)
-    other = pool.reset(pool.create(task, {"image_size": 64}, seed=4))
-    assert other.state != obs.state and other.display is not None
+    assert obs.image.shape == (64, 64, 3) and obs.display_png is not None
+    assert _png(obs.display_png).shape == (384, 384, 3)
+    other = pool.reset(pool.create(task, {"image_size": 64, "display_size": 384}, seed=4))
+    assert other.state != obs.state and other.display_png is not None
 
-    def gap(display: np.ndarray) -> float:  # to the model's input, once shrunk to its size
-        small = Image.fromarray(display).resize((64, 64), Image.Resampling.BOX)
+    def gap(display: bytes) -> float:  # to the model's input, once shrunk to its size
+        small = Image.fromarray(_png(display)).resize((64, 64), Image.Resampling.BOX)
         return float(np.abs(np.asarray(small, dtype=int) - obs.image.astype(int)).mean())
 
-    assert gap(obs.display) < gap(other.display)  # the same drawing: closer than another deal
+    assert gap(obs.display_png) < gap(other.display_png)  # the same drawing, not another deal
     wire = ObservationOut.of(obs).to_observation()  # over the env service's REST
-    assert wire.display is not None and (wire.display == obs.display).all()
-    # Asked for no display frame (or one no larger than the input): none is drawn.
-    sid = pool.create(task, {"image_size": 64, "display_size": 0}, seed=3)
-    assert pool.reset(sid).display is None
+    assert wire.display_png == obs.display_png
+    # Outside a run's recorded steps (None), or asked for none, or no larger: none is drawn.
+    for size in (None, 0, 64):
+        sid = pool.create(task, {"image_size": 64, "display_size": size}, seed=3)
+        assert pool.reset(sid).display_png is None
 
 
 def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
@@ -73,7 +74,7 @@ def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
     cfg = RunConfig.model_validate(
         {
             "task": "numberline",
-            "env": {"image_size": 64, "display_size": 256},
+            "env": {"image_size": 64},  # display_size unset: a run records 384 px frames
             "train": {"num_envs": 2, "num_steps": 2},
         }
     )
@@ -93,7 +94,7 @@ def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
                 assert step["display_sha"] and step["display_sha"] != step["image_sha"]
                 model_input = _png(api.get(f"/api/blobs/{step['image_sha']}").content)
                 shown = _png(api.get(f"/api/blobs/{step['display_sha']}").content)
-                assert model_input.shape == (64, 64, 3) and shown.shape == (256, 256, 3)
+                assert model_input.shape == (64, 64, 3) and shown.shape == (384, 384, 3)
             api.cookies.set(COOKIE_NAME, token)
             page = api.get(f"/runs/{run_id}/steps/{step_ids[0]}", headers={"Authorization": ""})
     assert page.status_code == 200, page.text[:500]
