@@ -53,7 +53,7 @@ from shared.storage import blob_store
 log = logging.getLogger("gtr.controller")
 
 PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
-DISPLAY_SIZE = 384  # px of the frame people see on a recorded step (labels readable, ~10 KB PNG)
+DISPLAY_SIZE = 320  # px of the frame people see on a recorded step: the page shows it at 340
 
 
 class Cancelled(Exception):

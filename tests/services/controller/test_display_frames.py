@@ -74,7 +74,7 @@ def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
     cfg = RunConfig.model_validate(
         {
             "task": "numberline",
-            "env": {"image_size": 64},  # display_size unset: a run records 384 px frames
+            "env": {"image_size": 64},  # display_size unset: a run records 320 px frames
             "train": {"num_envs": 2, "num_steps": 2},
         }
     )
@@ -94,7 +94,7 @@ def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
                 assert step["display_sha"] and step["display_sha"] != step["image_sha"]
                 model_input = _png(api.get(f"/api/blobs/{step['image_sha']}").content)
                 shown = _png(api.get(f"/api/blobs/{step['display_sha']}").content)
-                assert model_input.shape == (64, 64, 3) and shown.shape == (384, 384, 3)
+                assert model_input.shape == (64, 64, 3) and shown.shape == (320, 320, 3)
             api.cookies.set(COOKIE_NAME, token)
             page = api.get(f"/runs/{run_id}/steps/{step_ids[0]}", headers={"Authorization": ""})
     assert page.status_code == 200, page.text[:500]
