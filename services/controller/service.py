@@ -164,6 +164,9 @@ class RunDriver:
         start, unfinished = self._start()
         self._open_envs(start)
         probe = self._probe_states()
+        if start == 0 and unfinished is None and probe:
+            # The policy before any update: the level a collapse in the first update falls from.
+            self._start_relevance = self._probe(probe)["probe_relevance"]
         if unfinished is not None:  # trained, its checkpoint loaded, but never probed/recorded
             self._finish_update(unfinished, probe)
         for u in range(start, self.cfg.train.num_updates):
@@ -295,8 +298,11 @@ class RunDriver:
             row = s.scalar(select(Update).where(Update.run_id == self.run_id, Update.idx == u))
             assert row is not None
             extra.update(self._correction_stats(s, u))
+            if u == 0 and getattr(self, "_start_relevance", None) is not None:
+                extra["probe_relevance_start"] = self._start_relevance
             merged = {**row.metrics, **extra}
-            reason = M.alarm_reason(merged, self._best_relevance(s, u), u, self._limits())
+            best = self._best_relevance(s, u, merged)
+            reason = M.alarm_reason(merged, best, u, self._limits())
             merged.pop("alarm_reason", None)
             if reason is not None:
                 merged["alarm_reason"] = reason
@@ -592,12 +598,16 @@ class RunDriver:
             m.min_relevance, m.max_top_thought_share, m.relevance_drop, m.alarm_warmup_updates
         )
 
-    def _best_relevance(self, s: Session, u: int) -> float | None:
-        """The best probe relevance of the run's earlier updates (None before any)."""
+    def _best_relevance(self, s: Session, u: int, current: dict[str, Any]) -> float | None:
+        """The best probe relevance before update ``u``: of the earlier updates and of the
+        policy before the first one (None when there is none)."""
         rows = s.scalars(
             select(Update.metrics).where(Update.run_id == self.run_id, Update.idx < u)
         ).all()
-        seen = [float(m["probe_relevance"]) for m in rows if "probe_relevance" in m]
+        keys = ("probe_relevance", "probe_relevance_start")
+        seen = [float(m[k]) for m in rows for k in keys if k in m]
+        if "probe_relevance_start" in current:  # update 0: the policy it started from
+            seen.append(float(current["probe_relevance_start"]))
         return max(seen, default=None)
 
     def _correction_stats(self, s: Session, u: int) -> dict[str, float]:
