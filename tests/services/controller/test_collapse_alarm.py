@@ -131,3 +131,50 @@ def test_no_alarm_on_a_warm_up_that_never_read_nor_on_a_repeated_view() -> None:
     # show the room's start view (a thought that reads the picture repeats on them).
     s0 = M.top_share(["start"] * 6 + ["sinkbasin 1", "microwave 1"])
     assert _alarms([1.0, 1.0, 1.0], [0.62, 0.75, 0.75], s0) == [False] * 3
+
+
+class Writer:
+    """Writes the given output for the probe states it knows, and ``default`` elsewhere."""
+
+    def __init__(self, outputs: dict[tuple[str, str], str], default: str) -> None:
+        self.outputs, self.default = outputs, default
+
+    def generate(self, images: list[Any], prompts: list[str], **kw: Any) -> list[Any]:
+        from tests.services.controller.test_display_frames import _Gen as Full
+
+        keys = [_key(i, p) for i, p in zip(images, prompts, strict=True)]
+        return [Full(self.outputs.get(k, self.default)) for k in keys]
+
+
+def test_a_collapse_in_the_first_update_falls_from_the_start_policy(pg_url: str) -> None:
+    """The driver probes the policy it starts from: a first update that breaks every thought
+    is alarmed on, with the numbers, in the update row it records."""
+    from services.env.expert import expert_output, format_output
+    from shared.db.models import Run, Update
+    from shared.db.session import session_scope
+
+    d = _driver("numberline", 16)
+    d.cfg.train.num_envs, d.cfg.train.num_steps = 2, 2
+    probe = d._probe_states()
+    ideal = {
+        _key(o.image, o.prompt): format_output(expert_output("numberline", o.state)) for o in probe
+    }
+    d.policy = Writer(ideal, '{"action": "+"}')  # reads every probe state right
+    d._start_relevance = d._probe(probe)["probe_relevance"]
+    d.policy = Writer({}, "+ + + +")  # after the update: no thought at all
+    d._open_envs(0)
+    d._rollout_and_store(0)
+    d._close_envs()
+    d._finish_update(0, probe)
+    with session_scope() as s:
+        row = s.scalars(select_update(Update, d.run_id)).one()
+        run = s.get(Run, d.run_id)
+        assert run is not None and run.alarm and row.alarm
+        assert row.metrics["probe_relevance_start"] == 1.0 and row.metrics["probe_relevance"] == 0.0
+        assert "0.00 fell below 0.50, 50% under the run's best 1.00" in row.metrics["alarm_reason"]
+
+
+def select_update(model: Any, run_id: int) -> Any:
+    from sqlalchemy import select
+
+    return select(model).where(model.run_id == run_id)
