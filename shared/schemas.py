@@ -47,6 +47,13 @@ class EnvConfig(_Strict):
         default_factory=dict,
         description="Task-specific options (e.g. ALFWorld games folder); at most 64 KiB of JSON",
     )
+    display_size: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="Side of the frame drawn for people beside the model's input; None = 320 on "
+        "a run's recorded steps and none elsewhere; 0 or not above image_size = none",
+    )
 
     @field_validator("options")
     @classmethod
@@ -369,10 +376,28 @@ class MetricsConfig(_Strict):
         description="Fixed probe set decoded greedily each update (collapse monitor)",
     )
     min_relevance: float = Field(
-        0.3, ge=0, le=1, description="Alarm when probe state relevance falls below"
+        0.3,
+        ge=0,
+        le=1,
+        description="Relevance a run must reach before a drop counts (and, with "
+        "alarm_warmup_updates, the floor after the warm-up)",
+    )
+    relevance_drop: float = Field(
+        0.5, ge=0, le=1, description="Alarm when probe relevance falls this share under the best"
+    )
+    alarm_warmup_updates: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Alarm when relevance is still below min_relevance after this many updates; "
+        "0 = never (an agent that has not learnt to read yet has not collapsed)",
     )
     max_top_thought_share: float = Field(
-        0.5, ge=0, le=1, description="Alarm when one thought dominates the probe"
+        0.5,
+        ge=0,
+        le=1,
+        description="Alarm when one thought's probe share s exceeds s0 + this x (1 - s0), "
+        "s0 = the share thoughts that track the probe states perfectly would have",
     )
     success_window: int = Field(
         200, ge=1, le=100_000, description="Running success rate over the last N episodes"
@@ -473,8 +498,12 @@ class RunConfig(_Strict):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> RunConfig:
+        """Read a TOML config; its paths are relative to the file (shared/config_paths.py)."""
+        from shared.config_paths import resolve_config_paths
+
         with open(path, "rb") as f:
-            return cls.model_validate(tomllib.load(f))
+            raw = tomllib.load(f)
+        return cls.model_validate(resolve_config_paths(raw, Path(path).resolve().parent))
 
 
 # ---- corrector protocol (POST /v1/correct) -------------------------------------------------

@@ -97,6 +97,7 @@ class StepOut(_Orm):
     value: float | None
     logprob: float | None
     image_sha: str | None
+    display_sha: str | None = None  # the frame at display resolution (blob); else image_sha
     state: dict[str, Any]
     corrections: list[CorrectionOut] = []
 

@@ -10,7 +10,12 @@ from typing import Any
 
 import click
 
-from services.controller.console import load_config, print_summary, progress_printer
+from services.controller.console import (
+    load_config,
+    print_summary,
+    progress_printer,
+    success_cell,
+)
 
 
 @click.command()
@@ -21,6 +26,12 @@ from services.controller.console import load_config, print_summary, progress_pri
 def train(config: Path, name: str | None, updates: int | None, seed: int | None) -> None:
     """Train a run in this process (embedded: SQLite and ./gtr-data unless settings say else)."""
     cfg = load_config(config, name=name, updates=updates, seed=seed)
+    from services.controller.preflight import PreflightError, preflight
+
+    try:  # before the run row exists: a bad path is one line, not a failed run
+        preflight(cfg)
+    except PreflightError as e:
+        raise click.ClickException(str(e)) from None
     from services.api.service import create_run
     from services.controller.loop import drive
     from shared.db.migrate import ensure_schema
@@ -248,10 +259,10 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
             click.echo(
                 f"[{r['status']}] update {seen}/{r['num_updates']}"
                 f"  env steps {r['env_steps']}/{r['total_env_steps']}"
-                f"  success {m.get('success_rate', nan):.2f}"
+                f"  success {success_cell(m)}"
                 f"  corrected {m.get('corrected_rate', nan):.2f}"
                 f"{evaluated}"
-                f"{'  ALARM' if r['alarm'] else ''}"
+                f"{'  ALARM: ' + str(m.get('alarm_reason', '')) if r['alarm'] else ''}"
             )
         if r["status"] in ("completed", "failed", "cancelled"):
             if r["error"]:

@@ -27,6 +27,9 @@ def load_config(
         raise click.ClickException(f"config file not found: {path}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise click.ClickException(f"{path} is not valid TOML: {e}") from None
+    from shared.config_paths import resolve_config_paths
+
+    resolve_config_paths(raw, Path(path).resolve().parent)  # paths are relative to the file
     if name:
         raw["name"] = name
     if seed is not None:
@@ -50,7 +53,8 @@ def _fmt(x: Any) -> str:
 def progress_line(cfg: RunConfig, p: Any, last_eval: float | None, seconds: float) -> str:
     """One plain line per update (what the bar shows), for logs read by machines and people."""
     m = p.metrics
-    alarm = "  COLLAPSE ALARM" if m.get("alarm") or _alarm(cfg, m) else ""
+    reason = m.get("alarm_reason")
+    alarm = f"  COLLAPSE ALARM: {reason}" if reason else ""
     evaluated = "" if last_eval is None else f"  eval {_fmt(last_eval)}"
     return (
         f"update {p.update_idx + 1}/{cfg.train.num_updates}"
@@ -81,6 +85,7 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
         with plain_printer(cfg) as on_progress:
             yield on_progress
         return
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [
@@ -96,13 +101,14 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
 
         def on_progress(p: Any) -> None:
             m = p.metrics
-            alarm = "  [red]COLLAPSE ALARM[/red]" if m.get("alarm") or _alarm(cfg, m) else ""
+            reason = m.get("alarm_reason")
+            alarm = f"  [red]COLLAPSE ALARM: {escape(str(reason))}[/red]" if reason else ""
             if "eval/success_rate" in m:
                 last_eval[0] = m["eval/success_rate"]
             evaluated = "" if last_eval[0] is None else f"  eval {_fmt(last_eval[0])}"
             stats = (
                 f"update {p.update_idx + 1}/{cfg.train.num_updates}"
-                f"  success {_fmt(m.get('success_rate'))}"
+                f"  success {success_cell(m)}"
                 f"{evaluated}"
                 f"  corrected {_fmt(m.get('corrected_rate'))}"
                 f"  relevance {_fmt(m.get('probe_relevance'))}{alarm}"
@@ -123,10 +129,13 @@ def _corrections(cfg: RunConfig, m: dict[str, Any]) -> str:
     return f"[red]{text}  CORRECTIONS FAILING[/red]" if m.get("corrections_alarm") else text
 
 
-def _alarm(cfg: RunConfig, m: dict[str, Any]) -> bool:
-    from services.controller.metrics import collapse_alarm
-
-    return collapse_alarm(m, cfg.metrics.min_relevance, cfg.metrics.max_top_thought_share)
+def success_cell(m: dict[str, Any]) -> str:
+    """The success rate, or "0 of N finished" while no episode has ended."""
+    if isinstance(m.get("success_rate"), int | float):
+        return _fmt(m["success_rate"])
+    if "episodes_started" in m:
+        return f"{m.get('episodes_finished', 0):.0f} of {m['episodes_started']:.0f} finished"
+    return "-"
 
 
 SUMMARY_KEYS = (
@@ -160,8 +169,26 @@ def summary_columns(metrics: list[dict[str, Any]], most: int = 6) -> list[int]:
     return sorted(set(picked) | {0, n - 1})
 
 
+def summary_notes(metrics: list[dict[str, Any]]) -> list[str]:
+    """Warnings under the summary table: collapse alarms with their reasons, and games that are
+    not ALFWorld benchmark games."""
+    notes = [
+        f"collapse alarm at update {i + 1}: {m['alarm_reason']}"
+        for i, m in enumerate(metrics)
+        if m.get("alarm_reason")
+    ]
+    shares = [m["benchmark_share"] for m in metrics if "benchmark_share" in m]
+    if shares and min(shares) < 1:
+        notes.append(
+            f"{1 - sum(shares) / len(shares):.0%} of the steps were on synthetic or derived "
+            "(goal-swap) games: these results are not ALFWorld scores"
+        )
+    return notes
+
+
 def print_summary(run_id: int, seconds: float) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     from sqlalchemy import select
 
@@ -190,14 +217,18 @@ def print_summary(run_id: int, seconds: float) -> None:
         table.add_column(f"#{i + 1}", justify="right", no_wrap=True)
     for k in SUMMARY_KEYS:
         cells = [metrics[i].get(k) for i in cols]
-        if any(isinstance(v, int | float) for v in cells):
+        if k == "success_rate" and cols:  # always a row: "0 of N finished" when none ended
+            table.add_row(k, *(success_cell(metrics[i]) for i in cols))
+        elif any(isinstance(v, int | float) for v in cells):
             table.add_row(k, *(_fmt(v) if isinstance(v, int | float) else "" for v in cells))
     console = Console()
     console.print(table)
     if gtr:
         console.print(_corrections_line(totals), soft_wrap=True)
-    if error:
-        console.print(f"[red]error:[/red] {error}")
+    for line in summary_notes(metrics):
+        console.print(escape(line), style="yellow")
+    if error:  # escaped: a message such as pip install 'gtr-lab[alfworld]' is not markup
+        console.print(f"[red]error:[/red] {escape(error)}")
     for line in info_lines(info):
         console.print(line, highlight=False)
     console.print(

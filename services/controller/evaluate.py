@@ -32,7 +32,8 @@ def greedy_generate(policy: Any, observations: list[Any], max_new_tokens: int) -
 
 def evaluate(envs: Any, policy: Any, cfg: RunConfig, episodes: int) -> dict[str, float]:
     """Play ``episodes`` greedy episodes in parallel; success rate, mean return and length."""
-    sessions = [envs.create(cfg.task, cfg.env, seed=EVAL_SEED + i) for i in range(episodes)]
+    env = cfg.env.model_copy(update={"display_size": 0})  # never recorded: no frames for people
+    sessions = [envs.create(cfg.task, env, seed=EVAL_SEED + i) for i in range(episodes)]
     try:
         obs = {sid: envs.reset(sid) for sid in sessions}
         finished: dict[str, tuple[bool, float, int]] = {}

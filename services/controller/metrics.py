@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def words(text: str) -> list[str]:
@@ -96,20 +97,33 @@ def batch_metrics(
     return out
 
 
+def top_share(texts: Sequence[str]) -> float:
+    """Share of the texts that equal the most common one (0 for none)."""
+    return Counter(texts).most_common(1)[0][1] / len(texts) if texts else 0.0
+
+
 def probe_metrics(
-    steps: Sequence[StepView], relevant: Callable[[str, dict], bool]
+    steps: Sequence[StepView],
+    relevant: Callable[[str, dict], bool],
+    ideal_thoughts: Sequence[str] = (),
+    images: Sequence[str] = (),
 ) -> dict[str, float]:
-    """Greedy decodes of the fixed probe states: the clearest collapse signal."""
+    """Greedy decodes of the fixed probe states: the clearest collapse signal.
+
+    ``probe_expected_top_share`` is the top share a policy whose thoughts track the states
+    perfectly would show: the larger of the oracle's thoughts' (``ideal_thoughts``) and the
+    images' (``images``: one key per state; a thought that reads only the picture says the same
+    on every state that looks the same, e.g. ALFWorld games of one kitchen at their start).
+    """
     n = len(steps)
     if n == 0:
         return {}
     # Over well-formed outputs only: unparseable ones are a format failure, not one shared thought.
     formed = [s.thought for s in steps if s.format_valid and s.thought]
-    thoughts = Counter(formed)
     actions = Counter(s.action or "" for s in steps)
-    return {
-        "probe_top_thought_share": thoughts.most_common(1)[0][1] / len(formed) if formed else 0.0,
-        "probe_distinct_thoughts": float(len(thoughts)),
+    out = {
+        "probe_top_thought_share": top_share(formed),
+        "probe_distinct_thoughts": float(len(set(formed))),
         "probe_top_action_share": actions.most_common(1)[0][1] / n,
         "probe_relevance": sum(
             bool(s.thought) and relevant(s.thought or "", s.state) for s in steps
@@ -117,15 +131,64 @@ def probe_metrics(
         / n,
         "probe_format_valid_rate": sum(s.format_valid for s in steps) / n,
     }
+    if ideal_thoughts or images:
+        out["probe_expected_top_share"] = max(top_share(ideal_thoughts), top_share(images))
+    return out
 
 
-def collapse_alarm(metrics: dict[str, float], min_relevance: float, max_top_share: float) -> bool:
-    """Raised when thoughts stop reading the state or one thought takes over."""
-    relevance = metrics.get("probe_relevance", metrics.get("state_relevance"))
+@dataclass(frozen=True)
+class AlarmLimits:
+    """MetricsConfig's alarm settings (see shared/schemas.py)."""
+
+    min_relevance: float
+    max_top_share: float
+    relevance_drop: float
+    warmup_updates: int
+
+
+def alarm_reason(
+    metrics: dict[str, Any], best_relevance: float | None, update_idx: int, limits: AlarmLimits
+) -> str | None:
+    """Why the collapse alarm fires, with its numbers; None when it does not.
+
+    Relevance: a drop by more than ``relevance_drop`` of the best the run reached (once that
+    best was at least ``min_relevance``), or, when ``warmup_updates`` > 0, below
+    ``min_relevance`` after that many updates; an agent that has not learnt to read the state
+    yet has not collapsed.
+    Dominance: the top thought's share s against the share s0 the probe's own states give when
+    thoughts track them perfectly (``probe_expected_top_share``); alarm when
+    s > s0 + max_top_share * (1 - s0): with all-distinct states that is about s > max_top_share.
+    """
+    rel = metrics.get("probe_relevance", metrics.get("state_relevance"))
+    if rel is not None and best_relevance is not None and best_relevance >= limits.min_relevance:
+        floor = best_relevance * (1 - limits.relevance_drop)
+        if rel < floor:
+            return (
+                f"probe relevance {rel:.2f} fell below {floor:.2f}, "
+                f"{limits.relevance_drop:.0%} under the run's best {best_relevance:.2f}"
+            )
+    warmed = limits.warmup_updates > 0 and update_idx + 1 >= limits.warmup_updates
+    if rel is not None and warmed and rel < limits.min_relevance:
+        return (
+            f"probe relevance {rel:.2f} is below {limits.min_relevance:.2f} "
+            f"after {update_idx + 1} updates"
+        )
     top = metrics.get("probe_top_thought_share")
-    return (relevance is not None and relevance < min_relevance) or (
-        top is not None and top > max_top_share
-    )
+    base = float(metrics.get("probe_expected_top_share", 0.0))
+    limit = base + limits.max_top_share * (1 - base)
+    if top is not None and top > limit:
+        return (
+            f"one thought carries {top:.2f} of the probe; its states alone give {base:.2f} "
+            f"(limit {limit:.2f})"
+        )
+    return None
+
+
+def benchmark_share(states: Sequence[dict]) -> dict[str, float]:
+    """ALFWorld: the share of steps played on benchmark games (0 = only synthetic or derived
+    games, whose results are never ALFWorld scores); {} for tasks without the flag."""
+    flags = [bool(st["benchmark"]) for st in states if "benchmark" in st]
+    return {"benchmark_share": sum(flags) / len(flags)} if flags else {}
 
 
 class SuccessWindow:

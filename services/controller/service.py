@@ -14,6 +14,7 @@ embedded mode hands it in-process objects, the full stack hands it network clien
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ log = logging.getLogger("gtr.controller")
 PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
 # A correction's finished_at is stamped before its row commits: look back this far for late ones.
 LATE_MARGIN = timedelta(seconds=120)
+DISPLAY_SIZE = 320  # px of the frame people see on a recorded step: the page shows it at 340
 
 
 class Cancelled(Exception):
@@ -177,6 +179,9 @@ class RunDriver:
         start, unfinished = self._start()
         self._open_envs(start)
         probe = self._probe_states()
+        if start == 0 and unfinished is None and probe:
+            # The policy before any update: the level a collapse in the first update falls from.
+            self._start_relevance = self._probe(probe)["probe_relevance"]
         if unfinished is not None:  # trained, its checkpoint loaded, but never probed/recorded
             self._finish_update(unfinished, probe)
         for u in range(start, self.cfg.train.num_updates):
@@ -295,6 +300,8 @@ class RunDriver:
                 **per_subtask,
                 **speed,
                 **self.clock.metrics(),
+                **self._episode_counts(s),
+                **M.benchmark_share([v.state for v in ro.views]),
                 "rollout_sha": sha,
             }
             s.add(Update(run_id=self.run_id, idx=u, metrics=summary))
@@ -309,15 +316,20 @@ class RunDriver:
             row = s.scalar(select(Update).where(Update.run_id == self.run_id, Update.idx == u))
             assert row is not None
             extra.update(self._correction_stats(s, u))
+            if u == 0 and getattr(self, "_start_relevance", None) is not None:
+                extra["probe_relevance_start"] = self._start_relevance
             run = s.get(Run, self.run_id)
             assert run is not None
             merged = {**row.metrics, **extra, **run_info_metrics(run.info, u, self.timings())}
+            best = self._best_relevance(s, u, merged)
+            reason = M.alarm_reason(merged, best, u, self._limits())
+            merged.pop("alarm_reason", None)
+            if reason is not None:
+                merged["alarm_reason"] = reason
+            row.alarm = reason is not None
             if self.tracking:  # a failed tracker shows in the metrics and on the run record
                 merged |= self.tracking.log(u, merged)
                 run.info = {**(run.info or {}), "tracking": self.tracking.status()}
-            row.alarm = M.collapse_alarm(
-                merged, self.cfg.metrics.min_relevance, self.cfg.metrics.max_top_thought_share
-            )
             row.metrics = merged
             run.updates_done, run.alarm, run.heartbeat_at = u + 1, row.alarm, utcnow()
             env_steps = run.env_steps
@@ -409,6 +421,7 @@ class RunDriver:
                     r.success,
                     r.final_state,
                     correct=valid and self._correcting,
+                    display_png=getattr(obs, "display_png", None),
                 )
             )
             ro.prompts.append(prompts[e])
@@ -438,7 +451,11 @@ class RunDriver:
     def _episode_end(self, cur: EpisodeCursor, success: bool, final: dict[str, Any]) -> None:
         """An episode ended (on the recorder thread): the success windows."""
         if "subtask" in final:  # ALFWorld: success per subtask (pick, look, clean, ...)
-            cur.meta = {"subtask": final["subtask"], "synthetic": bool(final.get("synthetic"))}
+            cur.meta = {
+                "subtask": final["subtask"],
+                "synthetic": bool(final.get("synthetic")),
+                "benchmark": bool(final.get("benchmark")),
+            }
             window = self.subtasks.setdefault(final["subtask"], M.SuccessWindow(self.success.size))
             window.add(success, cur.total_return, cur.length)
         self.success.add(success, cur.total_return, cur.length)
@@ -533,11 +550,14 @@ class RunDriver:
         # grpo: the G envs of a group share a seed, so their k-th episodes are the same deal.
         per = self.cfg.train.group_size if self.cfg.algorithm in GROUP_ALGORITHMS else 1
         self._envs_update = u
+        env = self.cfg.env  # recorded steps get a frame for people, unless the config says not
+        if env.display_size is None:
+            env = env.model_copy(update={"display_size": DISPLAY_SIZE})
         with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
                 sid = self.envs.create(
-                    self.cfg.task, self.cfg.env, seed=(self.cfg.seed * 1000 + u) * 1000 + e // per
+                    self.cfg.task, env, seed=(self.cfg.seed * 1000 + u) * 1000 + e // per
                 )
                 self.sessions.append(sid)
                 self.obs.append(self.envs.reset(sid))
@@ -573,15 +593,48 @@ class RunDriver:
         self.sessions.clear()
 
     def _probe_states(self) -> list[Any]:
-        """A fixed set of states, the same each update: first observations of seeded episodes."""
-        out = []
+        """A fixed set of distinct states (by image and prompt), the same each update: the first
+        observation of each seeded episode or, where that one is already in the set (every
+        ALFWorld game of a kitchen opens on one view), a state a few expert steps later."""
+        found: dict[tuple[str, str], Any] = {}
         for i in range(self.cfg.metrics.probe_states):
-            sid = self.envs.create(self.cfg.task, self.cfg.env, seed=PROBE_SEED + i)
-            try:
-                out.append(self.envs.reset(sid))
-            finally:
-                self.envs.close(sid)
+            self._probe_walk(PROBE_SEED + i, found)
+        out = list(found.values())
+        self._probe_ideal = [self._ideal_thought(o.state) for o in out]
+        self._probe_images = [sha for sha, _ in found]
         return out
+
+    def _probe_walk(self, seed: int, found: dict[tuple[str, str], Any], steps: int = 3) -> None:
+        """Add one new state of a seeded episode to ``found``: its first, else the first of up
+        to ``steps`` expert steps that looks new, else one whose prompt is new (one reset per
+        call: ALFWorld's cost seconds)."""
+        from services.env.expert import expert_output, format_output
+
+        images = {sha for sha, _ in found}
+        fallback: tuple[tuple[str, str], Any] | None = None
+        env = self.cfg.env.model_copy(update={"display_size": 0})  # never recorded
+        sid = self.envs.create(self.cfg.task, env, seed=seed)
+        try:
+            o = self.envs.reset(sid)
+            for _ in range(steps + 1):
+                key = (hashlib.sha1(o.image.tobytes()).hexdigest(), o.prompt)
+                if key[0] not in images:
+                    found[key] = o
+                    return
+                if fallback is None and key not in found:
+                    fallback = (key, o)
+                text = format_output(expert_output(self.cfg.task, o.state))
+                o = self.envs.step_batch([(sid, text)])[0].observation
+        finally:
+            self.envs.close(sid)
+        if fallback is not None:
+            found[fallback[0]] = fallback[1]
+
+    def _ideal_thought(self, state: dict) -> str:
+        """The oracle's thought for a state, as the parser reads the agent's."""
+        from services.env.expert import expert_output, format_output
+
+        return str(self._parse(format_output(expert_output(self.cfg.task, state)), state).thought)
 
     def _probe(self, probe: list[Any]) -> dict[str, float]:
         gens = greedy_generate(self.policy, probe, self.cfg.generation.max_new_tokens)
@@ -591,7 +644,8 @@ class RunDriver:
             views.append(
                 M.StepView(p.thought, p.action_text, p.format_valid, p.action_valid, o.state)
             )
-        return M.probe_metrics(views, self._relevant)
+        ideal, images = getattr(self, "_probe_ideal", ()), getattr(self, "_probe_images", ())
+        return M.probe_metrics(views, self._relevant, ideal, images)
 
     def _parse(self, text: str, state: dict) -> Any:
         if self.cfg.task == "alfworld":
@@ -609,6 +663,34 @@ class RunDriver:
         from services.env.expert import thought_matches_state
 
         return bool(thought_matches_state(self.cfg.task, thought, state))
+
+    def _episode_counts(self, s: Session) -> dict[str, float]:
+        """Episodes begun and finished so far: "0 of N finished" is shown, not a missing row."""
+        from shared.db.models import Episode
+
+        finished = Episode.finished.is_(True) & Episode.success.is_not(None)
+        started, done = s.execute(
+            select(func.count(), func.count().filter(finished)).where(Episode.run_id == self.run_id)
+        ).one()
+        return {"episodes_started": float(started), "episodes_finished": float(done)}
+
+    def _limits(self) -> M.AlarmLimits:
+        m = self.cfg.metrics
+        return M.AlarmLimits(
+            m.min_relevance, m.max_top_thought_share, m.relevance_drop, m.alarm_warmup_updates
+        )
+
+    def _best_relevance(self, s: Session, u: int, current: dict[str, Any]) -> float | None:
+        """The best probe relevance before update ``u``: of the earlier updates and of the
+        policy before the first one (None when there is none)."""
+        rows = s.scalars(
+            select(Update.metrics).where(Update.run_id == self.run_id, Update.idx < u)
+        ).all()
+        keys = ("probe_relevance", "probe_relevance_start")
+        seen = [float(m[k]) for m in rows for k in keys if k in m]
+        if "probe_relevance_start" in current:  # update 0: the policy it started from
+            seen.append(float(current["probe_relevance_start"]))
+        return max(seen, default=None)
 
     def _correction_stats(self, s: Session, u: int) -> dict[str, float]:
         """Update ``u``'s correction figures; earlier updates whose corrections came late are

@@ -64,10 +64,10 @@ def agrees(task: str, output: dict[str, Any], ideal: dict[str, Any], state: dict
         return False
     if _norm(thoughts) == _norm(ideal.get("thoughts")):
         return True  # the expert's own words, even where its relevance check is strict
-    if task == "alfworld":
-        from services.env.alfworld import thought_relevant
+    if task == "alfworld":  # every claim (where, seen, held, sub-goal) against the state
+        from services.env.alfworld.judge import thought_correct
 
-        return thought_relevant(thoughts, state)
+        return thought_correct(thoughts, state)
     from services.env.expert import thought_matches_state
 
     return thought_matches_state(task, json.dumps(output), state)

@@ -76,6 +76,15 @@ class GymCardsEnv(gym.Env[np.ndarray, Any]):
     def render(self) -> np.ndarray:  # type: ignore[override]
         return self._draw()
 
+    def display(self, size: int) -> np.ndarray:
+        """The current frame drawn at ``size`` px for people; the same drawing as ``render``."""
+        model_size = self.size
+        self.size = size
+        try:
+            return self._draw()
+        finally:
+            self.size = model_size
+
     def _finish_step(
         self, reward: float, terminated: bool, truncated: bool
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:

@@ -51,6 +51,12 @@ def _pick(names: list[str], typed: str) -> int:
 )
 @click.option("--image-size", type=click.IntRange(32, 1024), default=300, show_default=True)
 @click.option(
+    "--games",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="ALFWorld: folder of games (env.options.games)",
+)
+@click.option(
     "--early-truncation",
     is_flag=True,
     help="Points games: stop once the formula cannot reach the target",
@@ -62,6 +68,7 @@ def play(
     expert: bool,
     save_frames: Path | None,
     image_size: int,
+    games: Path | None,
     early_truncation: bool,
 ) -> None:
     """Play one episode of TASK with scripted, typed or expert actions; print each step."""
@@ -69,14 +76,12 @@ def play(
     from services.env.registry import make_env
     from shared.schemas import EnvConfig
 
+    if games is not None and task != "alfworld":
+        raise click.BadParameter("only the alfworld task has games", param_hint="--games")
+    options = {"games": str(games.resolve())} if games is not None else {}
+    config = {"image_size": image_size, "early_truncation": early_truncation, "options": options}
     try:
-        e = make_env(
-            task,
-            EnvConfig.model_validate(
-                {"image_size": image_size, "early_truncation": early_truncation}
-            ),
-            seed,
-        )
+        e = make_env(task, EnvConfig.model_validate(config), seed)
         image, info = e.reset()
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -7,6 +7,10 @@ sizes are fractions of the canvas side S, so a 64 px frame keeps big, legible di
 
 from __future__ import annotations
 
+import hashlib
+import io
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,6 +59,28 @@ def canvas(
 def to_array(img: Image.Image) -> np.ndarray:
     """H x W x 3 uint8 observation."""
     return np.asarray(img, dtype=np.uint8).copy()
+
+
+_PNGS: OrderedDict[bytes, bytes] = OrderedDict()  # frame digest -> PNG, most recent last
+_PNGS_LOCK = threading.Lock()
+
+
+def display_png(image: np.ndarray, cache: int = 256) -> bytes:
+    """A display frame as PNG: fast (level 1) and deterministic, so the same frame always
+    hashes to the same blob. Encoding is most of a frame's cost and frames repeat (NumberLine
+    has 36, an ALFWorld room a few per receptacle): the last ``cache`` are kept."""
+    key = hashlib.blake2b(image.tobytes(), digest_size=16).digest() + repr(image.shape).encode()
+    with _PNGS_LOCK:
+        if key in _PNGS:
+            _PNGS.move_to_end(key)
+            return _PNGS[key]
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", compress_level=1)
+    with _PNGS_LOCK:
+        _PNGS[key] = buf.getvalue()
+        while len(_PNGS) > cache:
+            _PNGS.popitem(last=False)
+    return buf.getvalue()
 
 
 @lru_cache(maxsize=1024)

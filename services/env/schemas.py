@@ -89,17 +89,34 @@ class ObservationOut(BaseModel):
     image_raw: str | None = Field(None, description="raw:HxW:<base64 pixels>, when asked for")
     prompt: str
     state: dict[str, Any]
+    display_png_b64: str | None = None  # the frame at display_size, for people; None = image
 
     @classmethod
     def of(cls, obs: Observation, raw: bool = False) -> ObservationOut:
+        display = base64.b64encode(obs.display_png).decode("ascii") if obs.display_png else None
         if raw:
-            return cls(image_raw=encode_raw(obs.image), prompt=obs.prompt, state=obs.state)
-        return cls(image_png_b64=encode_png(obs.image), prompt=obs.prompt, state=obs.state)
+            return cls(
+                image_raw=encode_raw(obs.image),
+                prompt=obs.prompt,
+                state=obs.state,
+                display_png_b64=display,
+            )
+        return cls(
+            image_png_b64=encode_png(obs.image),
+            prompt=obs.prompt,
+            state=obs.state,
+            display_png_b64=display,
+        )
 
     def to_observation(self) -> Observation:
         raw, png = self.image_raw, self.image_png_b64 or ""
-        image = decode_raw(raw) if raw else decode_png(png)
-        return Observation(image=image, prompt=self.prompt, state=self.state)
+        display = base64.b64decode(self.display_png_b64) if self.display_png_b64 else None
+        return Observation(
+            image=decode_raw(raw) if raw else decode_png(png),
+            prompt=self.prompt,
+            state=self.state,
+            display_png=display,
+        )
 
 
 class ParsedOut(BaseModel):

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from services.env.parser import ParsedOutput
 from services.env.registry import TASKS, make_env
+from services.env.render import display_png
 from shared.schemas import EnvConfig
 
 
@@ -46,6 +47,8 @@ class Observation:
     image: np.ndarray  # (H, W, 3) uint8
     prompt: str
     state: dict[str, Any]
+    # The same frame at EnvConfig.display_size for people, PNG-encoded once here: stored as is.
+    display_png: bytes | None = None
 
 
 @dataclass
@@ -212,7 +215,10 @@ class EnvPool:
 
     def _observe(self, s: _Session, image: np.ndarray) -> Observation:
         u = s.env.unwrapped
-        return Observation(image=image, prompt=u.prompt(), state=u.state())
+        size, display = s.config.display_size or 0, None
+        if size > image.shape[0] and hasattr(u, "display"):
+            display = display_png(u.display(size))
+        return Observation(image=image, prompt=u.prompt(), state=u.state(), display_png=display)
 
     def _reset(self, s: _Session, options: dict[str, Any] | None = None) -> Observation:
         image, _ = s.env.reset(options=options)

@@ -184,6 +184,8 @@ class Step(Base):
     logprob: Mapped[float | None] = mapped_column(Float)
     thought_entropy: Mapped[float | None] = mapped_column(Float)
     image_sha: Mapped[str | None] = mapped_column(String(64))
+    # The same frame at display resolution, for people (None on steps recorded before it).
+    display_sha: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # privileged env state
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

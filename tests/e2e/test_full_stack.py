@@ -269,6 +269,13 @@ def test_alfworld_run_completes_with_images_and_corrected_thoughts(alfworld_run:
         assert r.status_code == 200 and r.headers["content-type"] == "image/png"
         image = Image.open(io.BytesIO(r.content))
         assert image.format == "PNG" and image.size == (64, 64)
+    for sha in {s["display_sha"] for s in steps}:  # the frame people see (320 px): labels readable
+        r = httpx.get(f"{api}/api/blobs/{sha}", headers=headers, timeout=10)
+        assert Image.open(io.BytesIO(r.content)).size == (320, 320)
+    updates = httpx.get(f"{api}/api/runs/{run_id}/updates", headers=headers, timeout=10).json()
+    for u in updates["items"]:  # the sample's goal swaps are not benchmark games: counted
+        assert 0.0 <= u["metrics"]["benchmark_share"] <= 1.0
+        assert u["metrics"]["episodes_started"] >= ALF_ENVS
 
     formed = [s for s in steps if s["format_valid"]]
     assert formed, "the warm start makes the tiny model write JSON"

@@ -61,6 +61,6 @@ def test_real_run_pages(page, base_url: str, trained_run: dict) -> None:  # type
     assert card.count() == 1
     assert card.locator("pre.diff").locator("del, ins").count() >= 1
     page.wait_for_function("document.getElementById('observation').complete")
-    assert page.eval_on_selector("#observation", "img => img.naturalWidth") == 64
+    assert page.eval_on_selector("#observation", "img => img.naturalWidth") == 320  # display frame
     shot(page, "real-step-corrected")
     assert not page.js_errors

@@ -182,6 +182,10 @@ class AlfWorldEnv(gym.Env[np.ndarray, Any]):
     def render(self) -> np.ndarray:
         return render_state(self.state(), self.image_size)
 
+    def display(self, size: int) -> np.ndarray:
+        """The same picture at ``size`` px, where labels can be read."""
+        return render_state(self.state(), size)
+
     def close(self) -> None:
         self.engine.close()
 
@@ -226,6 +230,7 @@ class AlfWorldEnv(gym.Env[np.ndarray, Any]):
             "subtask": state["subtask"],
             "truncation": truncation,
             "synthetic": state["synthetic"],
+            "benchmark": state.get("benchmark", False),
         }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ from typing import Any
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
 SYNTHETIC_MARKER = "SYNTHETIC"
+# ALFRED names each recorded trajectory trial_T<date>_<time>_<id>; derived games (the sample's
+# goal swaps: trial_variant_N) and synthetic ones do not, so they are never benchmark games.
+_BENCHMARK_TRIAL = re.compile(r"trial_T\d{8}_\d{6}_\d+")
 
 # ALFWorld task types (alfworld.agents.environment TASK_TYPES) -> the subtask names of the papers.
 SUBTASKS: dict[str, str] = {
@@ -26,8 +30,9 @@ HOW_TO_GET_GAMES = (
     "ALFWorld needs games: set env.options.games to a folder (or list of folders) holding "
     "<task>/trial_*/{game.tw-pddl,traj_data.json}. Full data set: `pip install 'gtr-lab[alfworld]' "
     "&& export ALFWORLD_DATA=~/alfworld && alfworld-download` then games = "
-    "'$ALFWORLD_DATA/json_2.1.1/train'; offline: `gtr alfworld make-games OUT --n 20 --scene DIR` "
-    "(synthetic, never an ALFWorld score). See docs/alfworld.md."
+    "'$ALFWORLD_DATA/json_2.1.1/train'; offline: `gtr alfworld make-games OUT --n 20` "
+    "(synthetic, never an ALFWorld score). To play: `gtr env play alfworld --games DIR --expert`. "
+    "See docs/alfworld.md."
 )
 
 
@@ -45,6 +50,12 @@ class GameTask:
     parent_target: str
     toggle_target: str
     synthetic: bool
+
+    @property
+    def benchmark(self) -> bool:
+        """A game of ALFWorld's data set: a recorded ALFRED trial, not derived nor synthetic."""
+        trial = Path(self.game_file).parent.name
+        return not self.synthetic and bool(_BENCHMARK_TRIAL.fullmatch(trial))
 
     @property
     def subtask(self) -> str:

@@ -60,6 +60,7 @@ def build_state(
             "toggle": task.toggle_target,
         },
         "synthetic": task.synthetic,
+        "benchmark": task.benchmark,  # False for synthetic and derived (goal-swap) games
         "location": location,
         "front": front,
         "front_open": front_open,

@@ -200,10 +200,14 @@ class ThorAlfWorldEnv(AlfWorldEnv):
         self.thor = engine
 
     def render(self) -> np.ndarray:
+        return self.display(self.image_size)
+
+    def display(self, size: int) -> np.ndarray:
+        """THOR's frame resized to ``size`` px."""
         if self.thor.frame is None:
             raise RuntimeError("call reset() before using the ALFWorld env")
-        size = (self.image_size, self.image_size)
-        return np.asarray(Image.fromarray(self.thor.frame).resize(size, Image.Resampling.BILINEAR))
+        frame = Image.fromarray(self.thor.frame)
+        return np.asarray(frame.resize((size, size), Image.Resampling.BILINEAR))
 
 
 def make_thor_env(

@@ -4,6 +4,8 @@ import pytest
 
 from services.controller import metrics as M
 
+LIMITS = M.AlarmLimits(min_relevance=0.3, max_top_share=0.5, relevance_drop=0.5, warmup_updates=10)
+
 
 def _relevant(thought: str, state: dict) -> bool:
     return str(state["n"]) in thought
@@ -48,7 +50,8 @@ def test_batch_and_probe_metrics_detect_collapse() -> None:
     )
     assert good["probe_relevance"] == 1.0 and bad["probe_relevance"] == pytest.approx(0.1)
     assert bad["probe_top_action_share"] == 1.0
-    assert not M.collapse_alarm(good, 0.3, 0.5) and M.collapse_alarm(bad, 0.3, 0.5)
+    assert M.alarm_reason(good, 1.0, 3, LIMITS) is None
+    assert "fell below 0.50" in str(M.alarm_reason(bad, 1.0, 3, LIMITS))
     batch = M.batch_metrics(collapsed + [M.StepView(None, None, False, False, {"n": 0})], _relevant)
     assert batch["format_valid_rate"] == pytest.approx(10 / 11)
     assert batch["thoughts_per_state"] == pytest.approx(1 / 10)
@@ -68,4 +71,8 @@ def test_unparseable_probe_outputs_are_a_format_failure_not_one_thought() -> Non
     m = M.probe_metrics(broken, _relevant)
     assert m["probe_top_thought_share"] == 0.0 and m["probe_distinct_thoughts"] == 0.0
     assert m["probe_format_valid_rate"] == 0.0 and m["probe_relevance"] == 0.0
-    assert M.collapse_alarm(m, 0.3, 0.5)
+    # An agent that never wrote a readable thought has not collapsed yet; after the warm-up it
+    # is alarmed on, and so is one that could read before.
+    assert M.alarm_reason(m, None, 0, LIMITS) is None
+    assert "after 10 updates" in str(M.alarm_reason(m, None, 9, LIMITS))
+    assert "the run's best 0.80" in str(M.alarm_reason(m, 0.8, 1, LIMITS))

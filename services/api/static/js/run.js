@@ -54,10 +54,15 @@
     document.querySelector('#progress-block .progress .bar').style.width = `${pct.toFixed(1)}%`;
     document.querySelector('#progress-block .progress span').textContent = `${run.updates_done}/${run.num_updates}`;
     for (const el of document.querySelectorAll('[data-metric]')) {
-      const v = run.latest_metrics[el.dataset.metric];
+      const m = run.latest_metrics, v = m[el.dataset.metric];
       el.textContent = /rate|share/.test(el.dataset.metric) ? gtr.pct(v) : gtr.num(v, el.dataset.metric === 'thought_length' ? 1 : 2);
+      // No episode ended yet: say so rather than show no success rate.
+      if (el.dataset.metric === 'success_rate' && v === undefined && m.episodes_started) {
+        el.textContent = `${m.episodes_finished || 0} of ${m.episodes_started} finished`;
+      }
     }
     document.getElementById('alarm-banner').hidden = !run.alarm;
+    if (run.latest_metrics.alarm_reason) document.getElementById('alarm-reason').textContent = run.latest_metrics.alarm_reason;
   }
 
   async function poll() {
