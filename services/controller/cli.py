@@ -21,7 +21,7 @@ from services.controller.console import load_config, print_summary, progress_pri
 def train(config: Path, name: str | None, updates: int | None, seed: int | None) -> None:
     """Train a run in this process (embedded: SQLite and ./gtr-data unless settings say else)."""
     cfg = load_config(config, name=name, updates=updates, seed=seed)
-    from services.api.service import create_run
+    from services.api.service import Invalid, create_run
     from services.controller.loop import drive
     from shared.db.migrate import ensure_schema
     from shared.db.session import session_scope
@@ -30,8 +30,11 @@ def train(config: Path, name: str | None, updates: int | None, seed: int | None)
     settings = get_settings()
     if settings.database_url is None:
         ensure_schema()
-    with session_scope() as s:
-        run_id = create_run(s, cfg, team="default").id
+    try:
+        with session_scope() as s:
+            run_id = create_run(s, cfg, team="default").id
+    except Invalid as e:
+        raise click.BadParameter(str(e), param_hint="CONFIG") from None
     click.echo(
         f"run {run_id}: {cfg.name} ({cfg.task}, {cfg.algorithm}), {cfg.total_env_steps} env steps"
     )

@@ -63,7 +63,13 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
 
     # Under LoRA the warm-started model becomes the run's own base, kept beside its checkpoints.
     base_dir = checkpoint_store().path_for(run_id, -1).parent / "base"
-    policy, summary = init_policy(_run_config(session, run_id), base_dir)
+    from shared.phase import warm_progress, warm_start_reporter
+
+    hook = warm_progress.set(warm_start_reporter(run_id))  # shows k of n; stops if cancelled
+    try:
+        policy, summary = init_policy(_run_config(session, run_id), base_dir)
+    finally:
+        warm_progress.reset(hook)
     record_checkpoint(session, run_id, -1, policy, None)
     session.flush()
     return summary

@@ -110,6 +110,11 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # What the run is doing now (shared/phase.py): warm_start | rollout | corrections | ...
+    phase: Mapped[str | None] = mapped_column(String(40))
+    phase_step: Mapped[int | None] = mapped_column(Integer)  # k of phase_total, e.g. a chunk
+    phase_total: Mapped[int | None] = mapped_column(Integer)
+    phase_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # phase began
 
     updates: Mapped[list[Update]] = relationship(back_populates="run", order_by="Update.idx")
 
@@ -188,6 +193,7 @@ class Correction(Base):
     __table_args__ = (
         UniqueConstraint("step_id", "corrector"),
         Index("ix_corrections_run_status", "run_id", "status"),
+        Index("ix_corrections_run_verdict", "run_id", "verdict", "step_id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -148,10 +148,22 @@ def home() -> RedirectResponse:
 
 @router.get("/runs")
 def runs_page(
-    request: Request, db: Db, me: User, status: str | None = None, page: PageNo = 1
+    request: Request,
+    db: Db,
+    me: User,
+    status: str | None = None,
+    page: PageNo = 1,
+    clone: Annotated[int | None, Query(ge=1, le=INT32)] = None,
 ) -> HTMLResponse:
-    """Every run of the team, newest first."""
-    return _runs(request, db, me, status if status in RUN_STATUSES else None, max(1, page))
+    """Every run of the team, newest first; ``clone`` fills the launch form with a run's config."""
+    ctx: dict[str, Any] = {}
+    if clone is not None:
+        try:
+            ctx["config_text"] = service.config_toml(service.get_run(db, me, clone), copy=True)
+            ctx["open_launch"] = True
+        except service.NotFound:
+            return _not_found(request, me, f"run {clone}")
+    return _runs(request, db, me, status if status in RUN_STATUSES else None, max(1, page), **ctx)
 
 
 def _runs(
@@ -164,7 +176,7 @@ def _runs(
     **ctx: Any,
 ) -> HTMLResponse:
     rows, total = service.list_runs(db, me, state, PAGE_SIZE, (page - 1) * PAGE_SIZE)
-    runs = [(r, service.latest_metrics(db, r.id)) for r in rows]
+    runs = [(r, service.latest_metrics(db, r.id), service.run_timing(r)) for r in rows]
     return render(
         request,
         "runs.html",
@@ -206,7 +218,10 @@ def launch(
     parsed, errors = parse_config(config)
     if parsed is None:
         return _runs(request, db, me, None, 1, 422, errors=errors, config_text=config)
-    run = service.create_run(db, parsed, me.team)
+    try:
+        run = service.create_run(db, parsed, me.team)
+    except service.Invalid as e:
+        return _runs(request, db, me, None, 1, 422, errors=[str(e)], config_text=config)
     db.commit()
     return RedirectResponse(f"/runs/{run.id}", status.HTTP_303_SEE_OTHER)
 
@@ -251,16 +266,37 @@ def run_page(
         run = service.get_run(db, me, run_id)
     except service.NotFound:
         return _not_found(request, me, f"run {run_id}")
+    latest = service.latest_metrics(db, run.id)
     return render(
         request,
         "run.html",
         me,
         run=run,
-        latest=service.latest_metrics(db, run.id),
+        latest=latest,
+        timing=service.run_timing(run),
+        all_failed=latest.get("corrections", 0) > 0
+        and latest.get("corrections_failed") == latest.get("corrections"),
         checkpoints=service.list_checkpoints(db, run),
         notice=notice,
         terminal=run.status in TERMINAL_STATUSES,
-        config_json=json.dumps(run.config, indent=2, sort_keys=True),
+        config_toml=service.config_toml(run),
+    )
+
+
+@router.post("/runs/{run_id}/resume")
+def resume(request: Request, run_id: RunId, db: Db, me: User) -> Response:
+    """Queue a failed or cancelled run again; it resumes after its last trained update."""
+    _writer(request, me)
+    try:
+        service.resume_run(db, me, run_id)
+        db.commit()
+        notice = "Run queued again: a controller resumes it after its last trained update."
+    except service.Conflict as e:
+        notice = str(e)
+    except service.NotFound:
+        return _not_found(request, me, f"run {run_id}")
+    return RedirectResponse(
+        f"/runs/{run_id}?{urlencode({'notice': notice})}", status.HTTP_303_SEE_OTHER
     )
 
 
@@ -395,9 +431,39 @@ def readable(text: str) -> str:
     return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in data.items())
 
 
+DIFF_MAX_TOKENS = 400  # SequenceMatcher is quadratic in the worst case: bound its input
+
+
 def word_diff(before: str, after: str) -> list[tuple[str, str]]:
-    """Word-level diff as (op, text) chunks with op in eq | del | ins."""
+    """Word-level diff as (op, text) chunks with op in eq | del | ins.
+
+    The common head and tail are cut off in linear time; a middle longer than
+    ``DIFF_MAX_TOKENS`` tokens is diffed by lines instead, and if that is still too long it is
+    shown as one deletion and one insertion. So any stored text renders in milliseconds."""
     a, b = TOKEN_RE.findall(readable(before)), TOKEN_RE.findall(readable(after))
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    out: list[tuple[str, str]] = [("eq", "".join(a[:head]))] if head else []
+    mid_a, mid_b = a[head : len(a) - tail], b[head : len(b) - tail]
+    if max(len(mid_a), len(mid_b)) > DIFF_MAX_TOKENS:
+        mid_a, mid_b = _lines("".join(mid_a)), _lines("".join(mid_b))
+    if max(len(mid_a), len(mid_b)) > DIFF_MAX_TOKENS:
+        mid_a, mid_b = ["".join(mid_a)], ["".join(mid_b)]
+    out += _opcodes(mid_a, mid_b)
+    if tail:
+        out.append(("eq", "".join(a[len(a) - tail :])))
+    return [(op, text) for op, text in out if text]
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def _opcodes(a: list[str], b: list[str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
@@ -411,6 +477,12 @@ def word_diff(before: str, after: str) -> list[tuple[str, str]]:
 
 
 # ---- correctors and static files ------------------------------------------------------------
+
+
+@router.get("/docs")
+def api_docs(request: Request) -> HTMLResponse:
+    """The API reference: Swagger UI from vendored files, under the same CSP as every page."""
+    return templates.TemplateResponse(request, "docs.html", {})
 
 
 @router.get("/correctors")
