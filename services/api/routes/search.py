@@ -90,8 +90,9 @@ def export_steps(
 ) -> Response:
     """Every step a search finds (up to 100,000) as CSV or JSON, for a notebook."""
     run = service.get_run(db, token, run_id)
-    rows = search.export_rows(db, run, f)
-    return _download(rows, search.EXPORT_COLUMNS, format, f"run-{run.id}-steps")
+    # Read here: the request's session is closed before a streamed body is sent.
+    rows = list(search.export_rows(db, run, f))
+    return _download(iter(rows), search.EXPORT_COLUMNS, format, f"run-{run.id}-steps")
 
 
 @router.get("/api/runs/{run_id}/updates/export", tags=["runs"])
