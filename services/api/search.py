@@ -33,7 +33,7 @@ class StepFilter(BaseModel):
         description="corrected: the corrector disagreed; correct: it agreed; failed: the "
         "correction failed; pending: not back yet; none: never sent (e.g. malformed output)",
     )
-    format: Literal["valid", "invalid"] | None = Field(None, description="Output format validity")
+    format_valid: bool | None = Field(None, description="Whether the output parsed (JSON format)")
     action: str | None = Field(None, max_length=200, description="The executed action, exactly")
     reward_min: float | None = Field(None, ge=-1e9, le=1e9, description="Reward at least this")
     reward_max: float | None = Field(None, ge=-1e9, le=1e9, description="Reward at most this")
@@ -52,7 +52,11 @@ class StepFilter(BaseModel):
 
     def query_string(self) -> dict[str, str]:
         """The filters set, as URL query parameters (permalinks, pager, export links)."""
-        return {k: str(v) for k, v in self.model_dump().items() if v not in (None, "")}
+        return {
+            k: str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in self.model_dump().items()
+            if v is not None and v != ""
+        }
 
 
 def _text(session: Session, run_id: int, q: str) -> Any:
@@ -99,8 +103,8 @@ def search_query(session: Session, run: Run, f: StepFilter) -> Select:
         query = query.where(Step.update_idx == f.update)
     if f.verdict:
         query = query.where(_verdict(run.id, f.verdict))
-    if f.format:
-        query = query.where(Step.format_valid.is_(f.format == "valid"))
+    if f.format_valid is not None:
+        query = query.where(Step.format_valid.is_(f.format_valid))
     if f.action:
         query = query.where(Step.parsed_action == f.action)
     if f.reward_min is not None:
