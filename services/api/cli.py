@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 
+GRACE_S = 20
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
@@ -26,6 +29,8 @@ def serve(host: str, port: int, workers: int) -> None:
         port=port,
         workers=workers,
         log_level="info",
+        # SIGTERM: open requests get this long, then the server stops anyway (k8s grace is 30 s).
+        timeout_graceful_shutdown=GRACE_S,
     )
 
 

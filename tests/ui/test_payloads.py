@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 
 from tests.ui.conftest import login
 
@@ -128,8 +129,15 @@ def test_payloads_never_run_on_any_page_or_button(  # type: ignore[no-untyped-de
     login(page, base_url, payload_run.token, "/runs")
 
     def assert_clean(where: str) -> None:
-        assert page.evaluate("() => window.__xss") is None, where
-        assert not page.locator("img[src=x]").count(), where
+        for _ in range(5):  # a click may still be navigating: look again on the new page
+            try:
+                page.wait_for_load_state("load")
+                assert page.evaluate("() => window.__xss") is None, where
+                assert not page.locator("img[src=x]").count(), where
+                return
+            except PlaywrightError:
+                page.wait_for_timeout(200)
+        raise AssertionError(f"{where}: the page never settled")
 
     clicked = 0
     for path in _pages(payload_run):
