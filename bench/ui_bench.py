@@ -317,7 +317,7 @@ def main() -> None:
                 f"/runs/{run_id}/steps/{long_id}" for _ in range(args.samples // 4)
             ],
             "GET /runs/{run}/steps?verdict=corrected&page=P (HTML search)": [
-                f"/runs/{run_id}/steps?verdict=corrected&page={rng.randint(1, 200)}"
+                f"/runs/{run_id}/steps?verdict=corrected&page={rng.randint(1, 20)}"
                 for _ in updates
             ],
             "GET /runs/{run}/steps?update=U&verdict=corrected (HTML search)": [
@@ -330,7 +330,7 @@ def main() -> None:
                 f"/runs/{run_id}/steps?q=increase&update={u}" for u in updates
             ],
             "GET /runs/{run}/steps?q=increase (HTML full text, 1M hits)": [
-                f"/runs/{run_id}/steps?q=increase&page={rng.randint(1, 200)}" for _ in updates
+                f"/runs/{run_id}/steps?q=increase&page={rng.randint(1, 20)}" for _ in updates
             ],
             "GET /api/runs/{run}/steps?verdict=failed (JSON, no hit)": [
                 f"/api/runs/{run_id}/steps?verdict=failed" for _ in updates

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-
 GRACE_S = 20
 
 

@@ -2,8 +2,8 @@
 
 Full text runs on PostgreSQL's GIN indexes over ``to_tsvector('english', …)`` of the thought and
 the corrected thought (migration 0003); on SQLite (embedded) it is a case-insensitive LIKE.
-Results come in step-id order; the total is counted up to ``COUNT_CAP`` so that a page answers
-fast on runs of millions of steps ("10,000+" beyond).
+Results come in step-id order; the total is counted up to ``COUNT_CAP`` (a text search: up to
+its page) so that a page answers fast on runs of millions of steps ("1,000+" beyond).
 """
 
 from __future__ import annotations
@@ -12,15 +12,19 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
-from sqlalchemy import exists, func, literal, select, union
+from sqlalchemy import exists, func, literal_column, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Select
 
 from shared.db.models import Correction, Run, Step
 
-COUNT_CAP = 10_000
+COUNT_CAP = 1_000
+MAX_OFFSET = 10_000  # deeper pages: narrow the search, or export it
 EXPORT_CAP = 100_000  # rows of one export; narrow the search for more
-TS_CONFIG = "english"  # must match the indexes of migration 0003
+TS_CONFIG = "english"
+# The indexed expressions of migration 0003, character for character.
+STEP_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(steps.thought, ''))"
+CORR_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(corrections.corrected_thought, ''))"
 
 Verdict = Literal["corrected", "correct", "failed", "pending", "none"]
 
@@ -59,33 +63,28 @@ class StepFilter(BaseModel):
         }
 
 
-def _text(session: Session, run_id: int, q: str) -> Any:
-    """Step ids of the run whose thought or corrected thought holds the words of ``q``."""
+def _text_branches(session: Session, run_id: int, q: str) -> list[Any]:
+    """Conditions on Step: (1) its thought holds the words of ``q``, (2) its corrected thought
+    does. Kept apart (not OR-ed) so that each can use its own index: a GIN scan for a rare word,
+    the step-id order for a common one, as the planner judges."""
     if session.get_bind().dialect.name == "postgresql":
-        tsq = func.plainto_tsquery(TS_CONFIG, q)
-        in_steps = select(Step.id).where(
-            Step.run_id == run_id,
-            func.to_tsvector(TS_CONFIG, func.coalesce(Step.thought, "")).op("@@")(tsq),
-        )
-        in_corr = select(Correction.step_id).where(
-            Correction.run_id == run_id,
-            func.to_tsvector(TS_CONFIG, func.coalesce(Correction.corrected_thought, "")).op("@@")(
-                tsq
-            ),
-        )
+        # Written as the indexes of migration 0003 are, constants inline (a bound parameter
+        # in the expression would not match the index, and every row would be parsed).
+        tsq = func.plainto_tsquery(literal_column(f"'{TS_CONFIG}'"), q)
+        in_thought = literal_column(STEP_TSV).op("@@")(tsq)
+        corr_match = literal_column(CORR_TSV).op("@@")(tsq)
     else:
         pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        in_steps = select(Step.id).where(
-            Step.run_id == run_id, Step.thought.ilike(pattern, escape="\\")
-        )
-        in_corr = select(Correction.step_id).where(
-            Correction.run_id == run_id, Correction.corrected_thought.ilike(pattern, escape="\\")
-        )
-    return union(in_steps, in_corr)
+        in_thought = Step.thought.ilike(pattern, escape="\\")
+        corr_match = Correction.corrected_thought.ilike(pattern, escape="\\")
+    corrected = select(Correction.step_id).where(Correction.run_id == run_id, corr_match)
+    return [in_thought, Step.id.in_(corrected)]
 
 
-def _verdict(run_id: int, verdict: str) -> Any:
+def _verdict(run_id: int, verdict: str, update: int | None) -> Any:
     corr = select(Correction.step_id).where(Correction.run_id == run_id)
+    if update is not None:  # a correction belongs to its step's update (ix_corrections_run_update)
+        corr = corr.where(Correction.update_idx == update)
     if verdict == "corrected":
         return Step.id.in_(
             corr.where(Correction.verdict == "incorrect", Correction.status == "done")
@@ -98,11 +97,12 @@ def _verdict(run_id: int, verdict: str) -> Any:
 
 
 def search_query(session: Session, run: Run, f: StepFilter) -> Select:
+    """Every filter but the text, which ``search_steps`` and ``export_rows`` add per branch."""
     query = select(Step).where(Step.run_id == run.id)
     if f.update is not None:
         query = query.where(Step.update_idx == f.update)
     if f.verdict:
-        query = query.where(_verdict(run.id, f.verdict))
+        query = query.where(_verdict(run.id, f.verdict, f.update))
     if f.format_valid is not None:
         query = query.where(Step.format_valid.is_(f.format_valid))
     if f.action:
@@ -111,20 +111,38 @@ def search_query(session: Session, run: Run, f: StepFilter) -> Select:
         query = query.where(Step.reward >= f.reward_min)
     if f.reward_max is not None:
         query = query.where(Step.reward <= f.reward_max)
-    if f.q and f.q.strip():
-        query = query.where(Step.id.in_(_text(session, run.id, f.q.strip())))
     return query
+
+
+def _branches(session: Session, run: Run, f: StepFilter) -> list[Select]:
+    base = search_query(session, run, f)
+    q = (f.q or "").strip()
+    return [base.where(c) for c in _text_branches(session, run.id, q)] if q else [base]
+
+
+def _ids(session: Session, branches: list[Select], n: int, after: int = 0) -> list[int]:
+    """The first ``n`` matching step ids (past ``after``) of the branches, merged in order."""
+    ids: set[int] = set()
+    for branch in branches:
+        query = branch.with_only_columns(Step.id).where(Step.id > after).order_by(Step.id)
+        ids.update(session.scalars(query.limit(n)))
+    return sorted(ids)[:n]
 
 
 def search_steps(
     session: Session, run: Run, f: StepFilter, limit: int, offset: int
 ) -> tuple[Sequence[Step], int, bool]:
-    """A page of matching steps, the total (capped), and whether the cap cut the count."""
-    query = search_query(session, run, f)
-    capped = query.with_only_columns(literal(1)).limit(COUNT_CAP + 1).subquery()
-    total = int(session.scalar(select(func.count()).select_from(capped)) or 0)
-    rows = session.scalars(query.order_by(Step.id).limit(limit).offset(offset)).all()
-    return rows, min(total, COUNT_CAP), total > COUNT_CAP
+    """A page of matching steps, the total, and whether counting stopped short of it.
+
+    Filters count up to COUNT_CAP. A text search counts only through this page (a common word
+    would otherwise be looked for in every thought of the run), and says whether more follow."""
+    branches = _branches(session, run, f)
+    text = bool((f.q or "").strip())
+    cap = offset + limit if text else max(COUNT_CAP, offset + limit)
+    ids = _ids(session, branches, cap + 1)
+    page = ids[offset : offset + limit]
+    rows = session.scalars(select(Step).where(Step.id.in_(page)).order_by(Step.id)).all()
+    return rows, min(len(ids), cap), len(ids) > cap
 
 
 def verdicts(session: Session, step_ids: list[int]) -> dict[int, Correction]:
@@ -151,12 +169,11 @@ EXPORT_COLUMNS = (
 
 def export_rows(session: Session, run: Run, f: StepFilter) -> Iterator[dict[str, Any]]:
     """Every matching step (up to EXPORT_CAP) as a flat record, in pages of 1,000."""
-    query = search_query(session, run, f).order_by(Step.id)
+    branches = _branches(session, run, f)
     last, sent = 0, 0
     while sent < EXPORT_CAP:
-        rows = session.scalars(
-            query.where(Step.id > last).limit(min(1000, EXPORT_CAP - sent))
-        ).all()
+        ids = _ids(session, branches, min(1000, EXPORT_CAP - sent), after=last)
+        rows = session.scalars(select(Step).where(Step.id.in_(ids)).order_by(Step.id)).all()
         if not rows:
             return
         corr = verdicts(session, [s.id for s in rows])

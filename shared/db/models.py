@@ -161,6 +161,7 @@ class Step(Base):
     __table_args__ = (
         UniqueConstraint("episode_id", "idx"),
         Index("ix_steps_run_update", "run_id", "update_idx"),
+        Index("ix_steps_run_update_id", "run_id", "update_idx", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -194,6 +195,7 @@ class Correction(Base):
         UniqueConstraint("step_id", "corrector"),
         Index("ix_corrections_run_status", "run_id", "status"),
         Index("ix_corrections_run_verdict", "run_id", "verdict", "step_id"),
+        Index("ix_corrections_run_update", "run_id", "update_idx"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -76,7 +76,7 @@ def search_steps(
     token: Reader,
     f: Filter,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=search.COUNT_CAP)] = 0,
+    offset: Annotated[int, Query(ge=0, le=search.MAX_OFFSET)] = 0,
 ) -> StepPage:
     """Steps of a run by verdict, format, action, reward, update and words of the thoughts."""
     run = service.get_run(db, token, run_id)
@@ -162,7 +162,7 @@ def steps_page(
     db: Db,
     me: User,
     f: Filter,
-    page: Annotated[int, Query(ge=1, le=search.COUNT_CAP // PAGE_SIZE + 1)] = 1,
+    page: Annotated[int, Query(ge=1, le=search.MAX_OFFSET // PAGE_SIZE + 1)] = 1,
 ) -> HTMLResponse:
     """Search a run's steps; every result opens its step page; the URL is the permalink."""
     try:
@@ -179,7 +179,12 @@ def steps_page(
         f=f,
         hits=_hits(db, rows),
         verdicts=("corrected", "correct", "failed", "pending", "none"),
-        pager={"page": page, "last": max(1, math.ceil(total / PAGE_SIZE)), "total": total},
+        pager={
+            "page": page,
+            # Counting stopped: the pager offers the next page while there is one.
+            "last": page + 1 if capped else max(1, math.ceil(total / PAGE_SIZE)),
+            "total": total,
+        },
         capped=capped,
         query=query,
     )

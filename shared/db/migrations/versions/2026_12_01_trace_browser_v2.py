@@ -30,6 +30,9 @@ def upgrade() -> None:
     op.create_index(
         "ix_corrections_run_verdict", "corrections", ["run_id", "verdict", "step_id"]
     )
+    op.create_index("ix_corrections_run_update", "corrections", ["run_id", "update_idx"])
+    # One update's steps in id order: a search within an update stops at its page.
+    op.create_index("ix_steps_run_update_id", "steps", ["run_id", "update_idx", "id"])
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"CREATE INDEX ix_steps_thought_tsv ON steps USING gin ({STEP_TSV})")
         op.execute(
@@ -41,6 +44,8 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP INDEX IF EXISTS ix_corrections_thought_tsv")
         op.execute("DROP INDEX IF EXISTS ix_steps_thought_tsv")
+    op.drop_index("ix_steps_run_update_id", table_name="steps")
+    op.drop_index("ix_corrections_run_update", table_name="corrections")
     op.drop_index("ix_corrections_run_verdict", table_name="corrections")
     with op.batch_alter_table("runs") as batch:
         for column in ("phase_at", "phase_total", "phase_step", "phase"):
