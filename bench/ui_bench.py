@@ -317,8 +317,7 @@ def main() -> None:
                 f"/runs/{run_id}/steps/{long_id}" for _ in range(args.samples // 4)
             ],
             "GET /runs/{run}/steps?verdict=corrected&page=P (HTML search)": [
-                f"/runs/{run_id}/steps?verdict=corrected&page={rng.randint(1, 20)}"
-                for _ in updates
+                f"/runs/{run_id}/steps?verdict=corrected&page={rng.randint(1, 20)}" for _ in updates
             ],
             "GET /runs/{run}/steps?update=U&verdict=corrected (HTML search)": [
                 f"/runs/{run_id}/steps?update={u}&verdict=corrected" for u in updates

@@ -66,8 +66,9 @@ def test_chart_point_opens_that_updates_steps(page, base_url: str, real_run: Rea
         updates = set(
             s.scalars(
                 select(Step.update_idx).where(
-                    Step.id.in_([int(i) for i in rows.evaluate_all(
-                        "rs => rs.map(r => r.dataset.stepId)")])
+                    Step.id.in_(
+                        [int(i) for i in rows.evaluate_all("rs => rs.map(r => r.dataset.stepId)")]
+                    )
                 )
             )
         )
@@ -77,16 +78,22 @@ def test_chart_point_opens_that_updates_steps(page, base_url: str, real_run: Rea
 def test_exports_parse(base_url: str, real_run: RealRun) -> None:
     auth = {"Authorization": f"Bearer {real_run.read_token}"}
     api = f"{base_url}/api/runs/{real_run.run_id}"
-    rows = list(csv.DictReader(io.StringIO(
-        httpx.get(f"{api}/steps/export?verdict=corrected&format=csv", headers=auth).text
-    )))
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                httpx.get(f"{api}/steps/export?verdict=corrected&format=csv", headers=auth).text
+            )
+        )
+    )
     assert {int(r["step_id"]) for r in rows} == set(real_run.corrected_step_ids)
     assert all(r["verdict"] == "corrected" and r["corrected_thought"] for r in rows)
     as_json = httpx.get(f"{api}/steps/export?verdict=corrected&format=json", headers=auth).json()
     assert [r["step_id"] for r in as_json] == [int(r["step_id"]) for r in rows]
-    metrics = list(csv.DictReader(io.StringIO(
-        httpx.get(f"{api}/updates/export?format=csv", headers=auth).text
-    )))
+    metrics = list(
+        csv.DictReader(
+            io.StringIO(httpx.get(f"{api}/updates/export?format=csv", headers=auth).text)
+        )
+    )
     assert [m["update"] for m in metrics] == ["0", "1"]
     assert all(0 <= float(m["success_rate"]) <= 1 for m in metrics)
     page = httpx.get(f"{api}/steps?verdict=corrected&limit=5", headers=auth).json()
@@ -103,8 +110,12 @@ def test_clone_and_edit_relaunches_from_toml(page, base_url: str, real_run: Real
     text = page.input_value("#config")
     cfg = tomllib.loads(text)
     assert cfg["name"] == "real-tiny-run (copy)" and cfg["train"]["num_updates"] == 2
-    page.fill("#config", text.replace("num_updates = 2", "num_updates = 3").replace(
-        'name = "real-tiny-run (copy)"', 'name = "relaunched"'))
+    page.fill(
+        "#config",
+        text.replace("num_updates = 2", "num_updates = 3").replace(
+            'name = "real-tiny-run (copy)"', 'name = "relaunched"'
+        ),
+    )
     page.click("#launch-form button[type=submit]")
     page.wait_for_url(re.compile(r"/runs/\d+$"))
     assert page.locator("h1").inner_text().startswith("relaunched")
@@ -113,8 +124,10 @@ def test_clone_and_edit_relaunches_from_toml(page, base_url: str, real_run: Real
     assert relaunched["init"] == shown["init"] and relaunched["model"] == shown["model"]
     # A corrector nobody registered is refused at launch, naming the field.
     page.goto(f"{base_url}/runs?clone={real_run.run_id}")
-    page.fill("#config", page.input_value("#config").replace(
-        'name = "oracle"', 'name = "no-such-corrector"'))
+    page.fill(
+        "#config",
+        page.input_value("#config").replace('name = "oracle"', 'name = "no-such-corrector"'),
+    )
     page.click("#launch-form button[type=submit]")
     assert "corrector.name" in page.locator("#config-errors").inner_text()
     api = httpx.post(

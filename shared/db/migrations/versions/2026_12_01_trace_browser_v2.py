@@ -27,17 +27,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("phase_total", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("phase_at", sa.DateTime(timezone=True), nullable=True))
     # The verdict filter reads a run's corrections by verdict, in step order.
-    op.create_index(
-        "ix_corrections_run_verdict", "corrections", ["run_id", "verdict", "step_id"]
-    )
+    op.create_index("ix_corrections_run_verdict", "corrections", ["run_id", "verdict", "step_id"])
     op.create_index("ix_corrections_run_update", "corrections", ["run_id", "update_idx"])
     # One update's steps in id order: a search within an update stops at its page.
     op.create_index("ix_steps_run_update_id", "steps", ["run_id", "update_idx", "id"])
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"CREATE INDEX ix_steps_thought_tsv ON steps USING gin ({STEP_TSV})")
-        op.execute(
-            f"CREATE INDEX ix_corrections_thought_tsv ON corrections USING gin ({CORR_TSV})"
-        )
+        op.execute(f"CREATE INDEX ix_corrections_thought_tsv ON corrections USING gin ({CORR_TSV})")
 
 
 def downgrade() -> None:
