@@ -1,9 +1,12 @@
-"""Step-page latency with a million steps in PostgreSQL (issue 8: a step page within 200 ms).
+"""Step-page and step-search latency with a million steps in PostgreSQL (issue 8: a step page
+within 200 ms; issue 17: a step search page within 100 ms at p95).
 
 Creates its own database, bulk-loads one run of N steps with COPY (episodes of 10 steps, a third
-of the steps corrected), serves the app with uvicorn on a free port, and times the step page's
-JSON (`GET /api/steps/{id}`) and HTML (`GET /runs/{run}/steps/{id}`) on random steps, plus the
-trace browser's episode list. Prints a markdown table for docs/benchmarks.md.
+of the steps corrected, one thought in 1,000 holding the word "misread"), serves the app with
+uvicorn on a free port, and times the step page's JSON (`GET /api/steps/{id}`) and HTML
+(`GET /runs/{run}/steps/{id}`) on random steps, the trace browser's episode list, the step search
+(verdict, update, full text, REST) and a step whose thought has 25,000 characters. Prints a
+markdown table for docs/benchmarks.md.
 
     .venv/bin/python bench/ui_bench.py --steps 1000000
 """
@@ -86,6 +89,8 @@ def step_rows(run_id: int, n_steps: int, shas: list[str], now: datetime) -> Iter
         upd = (sid - 1) // ROLLOUT
         cur, tgt = rng.randint(0, 4), rng.randint(0, 5)
         thought = _thought(cur, tgt)
+        if sid % 1000 == 7:  # a rare word for the full-text search
+            thought = thought.replace("so I should", "I misread it, so I should")
         yield (
             sid,
             run_id,
@@ -209,6 +214,27 @@ def load(url: str, n_steps: int) -> tuple[int, str]:
     return run_id, token
 
 
+def long_step(url: str, run_id: int) -> int:
+    """One more step whose thought has 25,000 characters, corrected with 20,000 others."""
+    from shared.db.models import Correction, Step
+    from shared.db.session import session_scope
+
+    words = "the current number is three and the target is five so I go up".split()
+    thought = " ".join(words[i % len(words)] + str(i % 97) for i in range(4000))[:25_000]
+    other = " ".join(words[(i * 7) % len(words)] + str(i % 89) for i in range(4000))[:20_000]
+    with session_scope(url) as s:
+        step = Step(
+            run_id=run_id, episode_id=1, idx=EP_LEN, update_idx=0, rollout_pos=0, prompt=PROMPT,
+            output=thought, thought=thought, action_text="+", parsed_action="+",
+            format_valid=True, action_valid=True, reward=0.0, done=False, state={},
+        )  # fmt: skip
+        s.add(step)
+        s.flush()
+        s.add(Correction(step_id=step.id, run_id=run_id, update_idx=0, corrector="long",
+                         status="done", verdict="incorrect", corrected_thought=other))  # fmt: skip
+        return step.id
+
+
 def serve() -> str:
     import uvicorn
 
@@ -263,6 +289,7 @@ def main() -> None:
     t = time.perf_counter()
     run_id, token = load(url, args.steps)
     print(f"loaded {args.steps:,} steps with COPY in {time.perf_counter() - t:.0f} s")
+    long_id = long_step(url, run_id)
     base = serve()
     rng = random.Random(1)
     ids = [rng.randint(1, args.steps) for _ in range(args.samples)]
@@ -285,6 +312,27 @@ def main() -> None:
             "GET /runs/{run}/episodes?corrected=true&page=P (HTML)": [
                 f"/runs/{run_id}/episodes?corrected=true&page={rng.randint(1, 1000)}"
                 for _ in updates
+            ],
+            "GET /runs/{run}/steps/{25k-char thought} (HTML)": [
+                f"/runs/{run_id}/steps/{long_id}" for _ in range(args.samples // 4)
+            ],
+            "GET /runs/{run}/steps?verdict=corrected&page=P (HTML search)": [
+                f"/runs/{run_id}/steps?verdict=corrected&page={rng.randint(1, 20)}" for _ in updates
+            ],
+            "GET /runs/{run}/steps?update=U&verdict=corrected (HTML search)": [
+                f"/runs/{run_id}/steps?update={u}&verdict=corrected" for u in updates
+            ],
+            "GET /runs/{run}/steps?q=misread (HTML full text, 1,000 hits)": [
+                f"/runs/{run_id}/steps?q=misread&page={rng.randint(1, 20)}" for _ in updates
+            ],
+            "GET /runs/{run}/steps?q=increase&update=U (HTML full text, every step)": [
+                f"/runs/{run_id}/steps?q=increase&update={u}" for u in updates
+            ],
+            "GET /runs/{run}/steps?q=increase (HTML full text, 1M hits)": [
+                f"/runs/{run_id}/steps?q=increase&page={rng.randint(1, 20)}" for _ in updates
+            ],
+            "GET /api/runs/{run}/steps?verdict=failed (JSON, no hit)": [
+                f"/api/runs/{run_id}/steps?verdict=failed" for _ in updates
             ],
         }
         print(

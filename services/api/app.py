@@ -14,7 +14,7 @@ from services.api.launch import InvalidField
 from services.api.middleware import BodyLimit, RateLimit, SecurityHeaders
 from services.api.prom import api_registry
 from services.api.routes import routers
-from services.api.service import Conflict, NotFound
+from services.api.service import Conflict, Invalid, NotFound
 from shared.observe import install as install_metrics
 from shared.service_auth import document_errors, validation_detail
 from shared.settings import Settings, get_settings
@@ -31,6 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="gtr-lab",
         version="0.1.0",
         description="Train vision-language agents with Guided Thought Reinforcement.",
+        docs_url=None,  # served by routes/ui.py from vendored assets (the CSP allows no CDN)
+        redoc_url=None,
     )
     for router in routers():
         app.include_router(router)
@@ -71,6 +73,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Conflict)
     async def conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(Invalid)
+    async def invalid_value(_: Request, exc: Invalid) -> JSONResponse:
+        detail = [{"loc": ["body", *exc.loc], "msg": exc.msg, "type": "value_error"}]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(InvalidBlobId)
     async def bad_blob(_: Request, exc: InvalidBlobId) -> JSONResponse:

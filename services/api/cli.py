@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+GRACE_S = 20
+
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -29,6 +31,8 @@ def serve(host: str, port: int, workers: int) -> None:
         workers=workers,
         log_level="info",
         log_config=uvicorn_log_config(),
+        # SIGTERM: open requests get this long, then the server stops anyway (k8s grace is 30 s).
+        timeout_graceful_shutdown=GRACE_S,
     )
 
 

@@ -40,6 +40,13 @@ class RunOut(_Orm):
     config: dict[str, Any]
     info: dict[str, Any] = {}
     latest_metrics: dict[str, Any] = {}
+    cancel_requested: bool = False
+    phase: str | None = None
+    phase_step: int | None = None
+    phase_total: int | None = None
+    phase_at: datetime | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
 
 
 class UpdateOut(_Orm):

@@ -29,6 +29,29 @@ class Conflict(RuntimeError):
     pass
 
 
+class Invalid(ValueError):
+    """A value that passed the schema but names something that does not exist (-> 422)."""
+
+    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
+        super().__init__(f"{'.'.join(loc)}: {msg}")
+        self.loc, self.msg = loc, msg
+
+
+def check_corrector(session: Session, config: RunConfig) -> None:
+    """A run naming a corrector nobody registered would train without corrections (every call
+    failing): refuse it at launch instead."""
+    name = config.corrector.name
+    if config.algorithm == "rl4vlm" or name == "oracle":
+        return
+    from shared.db.models import Corrector
+
+    if session.scalar(select(Corrector.id).where(Corrector.name == name)) is None:
+        raise Invalid(
+            ("corrector", "name"),
+            f"no corrector named '{name}' is registered (see /correctors, or use 'oracle')",
+        )
+
+
 def visible_runs(token: ApiToken):  # type: ignore[no-untyped-def]
     """Runs are owned by a team; admin tokens see every team."""
     query = select(Run)
@@ -36,6 +59,7 @@ def visible_runs(token: ApiToken):  # type: ignore[no-untyped-def]
 
 
 def create_run(session: Session, config: RunConfig, team: str) -> Run:
+    check_corrector(session, config)
     run = Run(
         name=config.name,
         team=team,
@@ -74,10 +98,31 @@ def _visible(session: Session, token: ApiToken, run_id: int) -> bool:
 
 
 def latest_metrics(session: Session, run_id: int) -> dict[str, Any]:
-    row = session.scalar(
-        select(Update).where(Update.run_id == run_id).order_by(Update.idx.desc()).limit(1)
-    )
-    return dict(row.metrics) if row else {}
+    """The newest value of each metric. An update row is written in two halves (rollout, then
+    training and probe), so the one before fills what the newest does not have yet: the stat
+    cards keep their last value during an update instead of blanking."""
+    rows = session.scalars(
+        select(Update).where(Update.run_id == run_id).order_by(Update.idx.desc()).limit(2)
+    ).all()
+    merged: dict[str, Any] = {}
+    for row in reversed(rows):
+        merged.update(row.metrics or {})
+    return merged
+
+
+def run_timing(run: Run) -> dict[str, float | None]:
+    """Elapsed seconds since the run started and a naive ETA from its update rate so far."""
+    from shared.db.models import utcnow
+
+    if run.started_at is None:
+        return {"elapsed_s": None, "eta_s": None}
+    end = run.finished_at or utcnow()
+    started = run.started_at if run.started_at.tzinfo else run.started_at.replace(tzinfo=end.tzinfo)
+    elapsed = max(0.0, (end - started).total_seconds())
+    eta = None
+    if run.finished_at is None and run.updates_done and run.num_updates > run.updates_done:
+        eta = elapsed / run.updates_done * (run.num_updates - run.updates_done)
+    return {"elapsed_s": elapsed, "eta_s": eta}
 
 
 def cancel_run(session: Session, token: ApiToken, run_id: int) -> Run:
@@ -96,10 +141,12 @@ def cancel_run(session: Session, token: ApiToken, run_id: int) -> Run:
 
 def resume_run(session: Session, token: ApiToken, run_id: int) -> Run:
     run = get_run(session, token, run_id)
-    if run.status != "failed":
-        raise Conflict(f"run {run_id} is {run.status}: only a failed run can be resumed")
+    if run.status not in ("failed", "cancelled"):
+        raise Conflict(
+            f"run {run_id} is {run.status}: only a failed or cancelled run can be resumed"
+        )
     # A controller claims it and resumes after its last trained update (RunDriver._start).
-    run.status, run.finished_at = "queued", None
+    run.status, run.finished_at, run.cancel_requested = "queued", None, False
     return run
 
 
@@ -132,6 +179,16 @@ def list_episodes(
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(query.order_by(Episode.id).limit(limit).offset(offset)).all()
     return rows, total
+
+
+def config_toml(run: Run, copy: bool = False) -> str:
+    """The run's config as TOML: shown on the run page, and (``copy``) for 'clone and edit'."""
+    from shared.toml import dumps
+
+    config = dict(run.config)
+    if copy:
+        config["name"] = f"{run.name} (copy)"[:200]
+    return dumps(config)
 
 
 def get_episode(session: Session, token: ApiToken, episode_id: int) -> Episode:

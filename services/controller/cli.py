@@ -32,7 +32,7 @@ def train(config: Path, name: str | None, updates: int | None, seed: int | None)
         preflight(cfg)
     except PreflightError as e:
         raise click.ClickException(str(e)) from None
-    from services.api.service import create_run
+    from services.api.service import Invalid, create_run
     from services.controller.loop import drive
     from shared.db.migrate import ensure_schema
     from shared.db.session import session_scope
@@ -44,8 +44,11 @@ def train(config: Path, name: str | None, updates: int | None, seed: int | None)
         setup_logging()
     if settings.database_url is None:
         ensure_schema()
-    with session_scope() as s:
-        run_id = create_run(s, cfg, team="default").id
+    try:
+        with session_scope() as s:
+            run_id = create_run(s, cfg, team="default").id
+    except Invalid as e:
+        raise click.BadParameter(str(e), param_hint="CONFIG") from None
     click.echo(
         f"run {run_id}: {cfg.name} ({cfg.task}, {cfg.algorithm}), {cfg.total_env_steps} env steps"
     )

@@ -117,3 +117,13 @@ def abandon_episodes(session: Session, cursors: list[EpisodeCursor]) -> None:
             .where(Episode.id.in_(cut))
             .values(finished=True, success=None, meta={"abandoned": True})
         )
+
+
+def close_cut_off(session: Session, run_id: int) -> None:
+    """The run ended with episodes still open: they are finished, neither won nor lost, and
+    marked, so the trace browser says 'cut off' rather than 'running' forever."""
+    session.execute(
+        update(Episode)
+        .where(Episode.run_id == run_id, Episode.finished.is_(False))
+        .values(finished=True, success=None, meta={"cut_off": True})
+    )

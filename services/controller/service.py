@@ -41,6 +41,7 @@ from services.controller.evaluate import evaluate, greedy_generate
 from services.controller.recorder import (
     EpisodeCursor,
     abandon_episodes,
+    close_cut_off,
     close_episode,
     discard_after,
     open_episode,
@@ -50,6 +51,7 @@ from services.controller.tracking import Trackers, final_summary, run_info_metri
 from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
 from shared.db.models import Correction, Run, Step, Update, utcnow
 from shared.db.session import session_scope
+from shared.phase import RunCancelled, cancel_requested, set_phase
 from shared.rollout import Rollout
 from shared.schemas import GROUP_ALGORITHMS, RunConfig
 from shared.storage import blob_store
@@ -169,6 +171,8 @@ class RunDriver:
         except Cancelled:
             return self._end("cancelled")
         except Exception as e:
+            if isinstance(e, RunCancelled) or cancel_requested(self.run_id):
+                return self._end("cancelled")  # the trainer stopped its warm start for it
             log.exception("run %s failed", self.run_id)
             return self._end("failed", f"{type(e).__name__}: {e}")
         finally:
@@ -186,10 +190,12 @@ class RunDriver:
             self._finish_update(unfinished, probe)
         for u in range(start, self.cfg.train.num_updates):
             self._check_cancel()
+            set_phase(self.run_id, "rollout", 0, self.cfg.train.num_steps)
             self._rollout_and_store(u)
             if self.sweep is not None:
                 self.sweep.sweep(u)
             trained = time.monotonic()
+            set_phase(self.run_id, "training")
             path = self.trainer.update(self.run_id, u)
             self.train_s = time.monotonic() - trained
             self.policy.load_weights(str(path))
@@ -268,6 +274,8 @@ class RunDriver:
             # The rollout was stored but not trained: train it rather than collect it again.
             self.policy.load_weights(str(self.trainer.update(self.run_id, last + 1)))
             return last + 2, last + 1
+        if last < 0:
+            set_phase(self.run_id, "warm_start" if self.cfg.init.kind == "warm_start" else None)
         path = self.trainer.init(self.run_id) if last < 0 else checkpoint_dir(self.run_id, last)
         self.policy.load_weights(str(path))
         return last + 1, (last if 0 <= last and finished < last + 1 else None)
@@ -278,6 +286,7 @@ class RunDriver:
         rollout_s = time.monotonic() - started
         if self.cfg.corrector.wait == "update" and self.corrections is not None:
             queued = [sid for sid, ok in zip(ro.step_ids, ro.format_valid, strict=True) if ok]
+            set_phase(self.run_id, "corrections")
             self._settle(queued)
         # The policy service may have restarted, silently, while we waited for corrections.
         if hasattr(self.policy, "ensure_loaded") and self.policy.ensure_loaded():
@@ -307,6 +316,7 @@ class RunDriver:
             s.add(Update(run_id=self.run_id, idx=u, metrics=summary))
 
     def _finish_update(self, u: int, probe: list[Any]) -> None:
+        set_phase(self.run_id, "evaluating")
         extra = self._probe(probe) if probe else {}
         episodes, every = self.cfg.metrics.eval_episodes, self.cfg.metrics.eval_every
         # After the first update (a baseline close to the warm start), every N-th and the last.
@@ -366,7 +376,7 @@ class RunDriver:
                     )
                 with clock("record"):
                     records = self._step_records(ro, u, t, prompts, gens, results)
-                    writer.submit(self._write_step, u, records)
+                    writer.submit(self._write_step, u, t, records)
                 if self.cfg.corrector.wait == "step" and self._correcting:
                     with clock("record_wait"):
                         ids = writer.results()[-1][0]
@@ -435,12 +445,19 @@ class RunDriver:
             )
         return records
 
-    def _write_step(self, u: int, records: list[StepRecord]) -> tuple[list[int], list[str]]:
+    def _write_step(self, u: int, t: int, records: list[StepRecord]) -> tuple[list[int], list[str]]:
         """On the recorder thread: one transaction for the step, then its corrections queued
         (after the commit, so the workers see the rows)."""
         with session_scope() as s:
             ids, shas, cancel = record_step_batch(
-                s, self.run_id, u, records, self.cursors, self.frames, self._episode_end
+                s,
+                self.run_id,
+                u,
+                records,
+                self.cursors,
+                self.frames,
+                self._episode_end,
+                run_values={"phase_step": t + 1},  # the run page's "rollout step k of n"
             )
         self.cancel_seen = self.cancel_seen or cancel
         to_correct = [i for i, r in zip(ids, records, strict=True) if r.correct]
@@ -750,6 +767,8 @@ class RunDriver:
             run = s.get(Run, self.run_id)
             assert run is not None
             run.status, run.finished_at = status, utcnow()
+            run.phase = run.phase_step = run.phase_total = None
+            close_cut_off(s, self.run_id)
             if error:
                 run.error = error[:4000]
             if self.tracking:

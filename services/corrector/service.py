@@ -182,18 +182,35 @@ def record_correction(
                 for key, value in values.items():
                     setattr(row, key, value)
                 session.add(row)
+            count_corrected(session, step, values)
             return row
         except IntegrityError:
             row = _existing(session, step_id, corrector_name)
             assert row is not None
     # A pending row (queued by the controller) is finished only if nobody finished it meanwhile.
-    session.execute(
+    finished = session.execute(
         update(models.Correction)
         .where(models.Correction.id == row.id, models.Correction.status == "pending")
         .values(**values)
     )
+    if finished.rowcount == 1:  # type: ignore[attr-defined]
+        count_corrected(session, step, values)
     session.refresh(row)
     return row
+
+
+def count_corrected(session: Session, step: models.Step, values: dict[str, Any]) -> None:
+    """A step the corrector disagreed with counts once in its episode's ``corrected_steps``.
+
+    Called only by the writer that moved the correction out of 'pending' (exactly once per
+    step and corrector), so an atomic increment is right under concurrent workers and also for
+    a correction that arrives after its update was trained or its episode closed."""
+    if values.get("status") == "done" and values.get("verdict") == "incorrect":
+        session.execute(
+            update(models.Episode)
+            .where(models.Episode.id == step.episode_id)
+            .values(corrected_steps=models.Episode.corrected_steps + 1)
+        )
 
 
 def _outcome(

@@ -72,7 +72,13 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
     if warm is not None:
         record_folder(session, run_id, -1, path)
     else:
-        policy, summary, warm = cached_init_policy(cfg, base_dir)
+        from shared.phase import warm_progress, warm_start_reporter
+
+        hook = warm_progress.set(warm_start_reporter(run_id))  # shows k of n; stops if cancelled
+        try:
+            policy, summary, warm = cached_init_policy(cfg, base_dir)
+        finally:
+            warm_progress.reset(hook)
         record_checkpoint(session, run_id, -1, policy, None)
     if warm is not None:  # the run record says whether the warm start came from the cache
         run = session.get(Run, run_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Hashable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from services.trainer import algos
+from shared.phase import warm_progress
 from shared.schemas import EnvConfig, InitConfig, ModelConfig, RunConfig
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,21 @@ def encode_slots(samples: Sequence[OracleSample], task: str) -> tuple[torch.Tens
     return torch.tensor(ids, dtype=torch.long), [len(cols[k]) for k in keep]
 
 
+WARM_CHUNK = 10  # steps between progress reports (and cancel checks) of a warm start
+
+
+def _tick(step: int, steps: int, stage: int) -> None:
+    """Every WARM_CHUNK steps: report to the run's hook (shared/phase.py), which may cancel.
+    Stage 0 is the vision warm-up, 1 the SFT; k of n counts both, as planned."""
+    hook = warm_progress.get()
+    if hook is not None and (step % WARM_CHUNK == 0 or step == steps):
+        plan = _warm_plan.get()
+        hook(step + (plan[0] if stage else 0), sum(plan) or steps)
+
+
+_warm_plan: ContextVar[tuple[int, int]] = ContextVar("warm_plan", default=(0, 0))
+
+
 def vision_warmup(
     policy: Any,
     samples: Sequence[OracleSample],
@@ -137,6 +154,7 @@ def vision_warmup(
         loss_ema = loss.item() if step == 1 else 0.9 * loss_ema + 0.1 * loss.item()
         if loss_ema < target_loss:
             break
+        _tick(step, steps, 0)
     return {"vision/steps": float(step), "vision/loss": float(loss_ema)}
 
 
@@ -176,6 +194,7 @@ def sft_warmup(
         opt.step()
         sched.step()
         loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()
+        _tick(step + 1, steps, 1)
     return {"sft/steps": float(steps), "sft/loss": float(loss_ema)}
 
 
@@ -230,6 +249,7 @@ def warm_start(
 ) -> dict[str, float]:
     """Vision warm-up, then SFT on oracle outputs; returns the stage metrics."""
     samples = oracle_samples(task, env_cfg, init.sft_samples, seed)
+    _warm_plan.set((init.vision_steps, init.sft_steps))
     summary = vision_warmup(policy, samples, task, init.vision_steps, seed)
     summary |= sft_warmup(policy, samples, init.sft_steps, init.batch_size, init.lr, seed)
     if eval_episodes:

@@ -115,6 +115,11 @@ class Run(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Beside training: {"warm_start": {"reused": ..., "key": ...}, "tracking": {name: error}}.
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+    # What the run is doing now (shared/phase.py): warm_start | rollout | corrections | ...
+    phase: Mapped[str | None] = mapped_column(String(40))
+    phase_step: Mapped[int | None] = mapped_column(Integer)  # k of phase_total, e.g. a chunk
+    phase_total: Mapped[int | None] = mapped_column(Integer)
+    phase_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # phase began
 
     updates: Mapped[list[Update]] = relationship(back_populates="run", order_by="Update.idx")
 
@@ -161,6 +166,7 @@ class Step(Base):
     __table_args__ = (
         UniqueConstraint("episode_id", "idx"),
         Index("ix_steps_run_update", "run_id", "update_idx"),
+        Index("ix_steps_run_update_id", "run_id", "update_idx", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -195,6 +201,8 @@ class Correction(Base):
     __table_args__ = (
         UniqueConstraint("step_id", "corrector"),
         Index("ix_corrections_run_status", "run_id", "status"),
+        Index("ix_corrections_run_verdict", "run_id", "verdict", "step_id"),
+        Index("ix_corrections_run_update", "run_id", "update_idx"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -1,35 +1,32 @@
-"""A realistic finished tiny run (plus a collapsing one and a failed one) for the UI tests.
+"""A finished tiny run (plus a collapsing one and a failed one) for the UI tests.
 
-Stands in for a real tiny run until the end-to-end pipeline writes one: updates with every metric,
-episodes, steps with rendered NumberLine frames stored as blobs, and oracle corrections, some of
-them `incorrect` with a corrected thought.
+The runs' rows and their curves (twelve updates of every metric) are written here; the traces
+are not: their episodes are played in the real NumberLine env by a scripted agent that misreads
+now and then, written by the controller's recorder, and corrected by the real oracle through
+``record_correction``, so every derived column (``corrected_steps`` above all) is the product's.
+The browser tests on a really trained run use the session's ``real_run`` fixture (conftest.py).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-import matplotlib
-from PIL import Image, ImageDraw, ImageFont
 from sqlalchemy.orm import Session
 
 from services.api.auth import create_token
-from shared.db.models import Checkpoint, Correction, Episode, Run, Step, Update
+from services.controller.recorder import add_step, close_episode, open_episode, touch_episode
+from services.corrector.oracle import OracleCorrector
+from services.corrector.service import record_correction
+from services.env import EnvPool
+from shared.db.models import Checkpoint, Run, Update
+from shared.schemas import EnvConfig
 from shared.storage import blob_store
 
-FONT = Path(matplotlib.__file__).parent / "mpl-data/fonts/ttf/DejaVuSans-Bold.ttf"
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
-NL_PROMPT = (
-    "You are playing NumberLine. The image shows a target number and the current number. "
-    'Move the current number toward the target by one with "+" or "-". Answer in JSON with '
-    'the keys "current number", "target number", "thoughts" and "action".'
-)
 
 
 @dataclass
@@ -44,18 +41,6 @@ class Seeded:
     admin_token: str
     corrected_step_ids: list[int] = field(default_factory=list)
     steps: int = 0
-
-
-def render_numberline(target: int, current: int, size: int = 300) -> bytes:
-    """The NumberLine frame: white canvas, 'Target: g' and 'Current: c' in DejaVuSans-Bold 36."""
-    img = Image.new("RGB", (size, size), "white")
-    draw = ImageDraw.Draw(img)
-    font = ImageFont.truetype(str(FONT), 36)
-    draw.text((30, 60), f"Target: {target}", fill="black", font=font)
-    draw.text((30, 180), f"Current: {current}", fill="black", font=font)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _curve(u: int, n: int, start: float, end: float, rng: random.Random, noise: float) -> float:
@@ -144,129 +129,88 @@ def _add_run(session: Session, name: str, task: str, algorithm: str, n: int, **k
     return run
 
 
-def _agent_output(
-    target: int, current: int, misread: bool, rng: random.Random
-) -> tuple[str, str, str]:
-    """(output, thought, action): a misread agent sees the wrong target and may go the wrong way."""
-    seen = (target + rng.choice([-1, 1])) % 6 if misread else target
+IMAGE = 96  # the env renders the frames at this size
+
+
+def _agent_text(state: dict, misread: bool, malformed: bool, rng: random.Random) -> str:
+    """What a half-trained agent writes (the model's part, scripted): it may misread the target,
+    then moves toward what it read; now and then the output is cut off."""
+    current, target = state["current"], state["target"]
+    seen = (target + rng.choice([-1, 1])) % (state["max_position"] + 1) if misread else target
     action = "+" if seen > current else "-"
-    head = f'{{"current number": {current}, "target number": {seen}, "thoughts": '
     words = "increase" if action == "+" else "decrease"
-    thoughts = (
-        f'"The current number is {current} and the target is {seen}, so I should {words} it."'
+    text = json.dumps(
+        {
+            "current number": current,
+            "target number": seen,
+            "thoughts": f"The current number is {current} and the target is {seen}, "
+            f"so I should {words} it.",
+            "action": action,
+        }
     )
-    thought = head + thoughts + "}"
-    return head + thoughts + f', "action": "{action}"}}', thought, action
-
-
-def _oracle_thought(target: int, current: int) -> str:
-    words = "increase" if target > current else "decrease"
-    return (
-        f'{{"current number": {current}, "target number": {target}, "thoughts": '
-        f'"The current number is {current} and the target is {target}, so I should {words} it."}}'
-    )
+    return text[: rng.randint(20, 60)] if malformed else text
 
 
 def _add_episode(
-    session: Session, run: Run, upd: int, env_index: int, seq: int, rng: random.Random, out: Seeded
-) -> None:
-    target, current = rng.randint(0, 5), rng.randint(0, 5)
-    if target == current:
-        target = (target + 1) % 5
-    ep = Episode(
-        run_id=run.id, env_index=env_index, seq=seq, update_idx=upd, seed=rng.randint(0, 10**6)
-    )
-    session.add(ep)
-    session.flush()
-    store, misread_p = blob_store(), max(0.05, 0.45 - 0.04 * upd)
-    total, corrected, t = 0.0, 0, 0
-    while t < 10:
-        misread = rng.random() < misread_p
-        output, thought, action = _agent_output(target, current, misread, rng)
-        # Now and then the output is cut off: the env executes a random action and nobody corrects.
-        malformed = rng.random() < 0.06
-        if malformed:
-            output, thought, action = output[: rng.randint(20, 60)], None, rng.choice("+-")
-        seen = current  # the observation is the state before the action
-        current = min(5, current + 1) if action == "+" else max(0, current - 1)
-        done = current == target
-        reward = 1.0 if done else (-1.0 if abs(target - current) >= abs(target - seen) else 0.0)
-        step = Step(
-            run_id=run.id,
-            episode_id=ep.id,
-            idx=t,
-            update_idx=upd,
-            rollout_pos=t * 4 + env_index,
-            prompt=NL_PROMPT,
-            output=output,
-            thought=thought,
-            action_text=None if malformed else action,
-            parsed_action=action,
-            format_valid=not malformed,
-            action_valid=not malformed,
-            reward=reward,
-            done=done,
-            value=round(rng.uniform(-0.5, 0.9), 3),
-            logprob=round(-rng.uniform(0.05, 2.0), 3),
-            thought_entropy=round(rng.uniform(0.5, 1.5), 3),
-            image_sha=store.put(render_numberline(target, seen)),
-            state={"Target": target, "Current": seen},
-            created_at=T0 + timedelta(minutes=upd, seconds=t),
-        )
-        session.add(step)
-        session.flush()
-        if not malformed:
-            corrected += _add_correction(session, step, target, seen, misread, rng, out)
-        total += reward
-        t += 1
-        out.steps += 1
-        if done:
-            break
-    ep.length, ep.total_return, ep.finished = t, total, True
-    ep.success, ep.corrected_steps = current == target, corrected
-
-
-def _add_correction(
     session: Session,
-    step: Step,
-    target: int,
-    current: int,
-    misread: bool,
+    run: Run,
+    upd: int,
+    env_index: int,
+    seq: int,
     rng: random.Random,
     out: Seeded,
-) -> int:
-    failed = rng.random() < 0.04
-    corr = Correction(
-        step_id=step.id,
-        run_id=step.run_id,
-        update_idx=step.update_idx,
-        corrector="oracle",
-        status="failed" if failed else "done",
-        attempts=1 if not failed else 3,
-        latency_ms=round(rng.uniform(1.2, 3.5), 2),
-        tokens=0 if failed else rng.randint(80, 140),
-        finished_at=step.created_at + timedelta(seconds=1),
-    )
-    if failed:
-        corr.error = "corrector answer is not valid JSON: Expecting value: line 1 column 1 (char 0)"
-    elif misread:
-        corr.verdict = "incorrect"
-        corr.corrected_thought = _oracle_thought(target, current)
-        read = json.loads(step.thought or "{}")["target number"]
-        corr.reasoning = (
-            f"The image shows Target: {target}, but the agent read {read}. "
-            f"The current number is {current}; the correct move is toward {target}."
-        )
-        corr.extras = {"target_number": target}
-    else:
-        corr.verdict = "correct"
-        corr.reasoning = "The numbers match the image and the action moves toward the target."
-    session.add(corr)
-    session.flush()
-    if corr.verdict == "incorrect":
-        out.corrected_step_ids.append(step.id)
-        return 1
-    return 0
+    pool: EnvPool,
+    oracle: OracleCorrector,
+) -> None:
+    """One episode played in the real env, written by the controller's recorder and corrected
+    by the real oracle through ``record_correction`` (which keeps ``corrected_steps``)."""
+    sid = pool.create("numberline", EnvConfig(image_size=IMAGE), seed=rng.randint(0, 10**6))
+    try:
+        obs, blobs = pool.reset(sid), blob_store()
+        cursor = open_episode(session, run.id, env_index, seq, upd)
+        misread_p = max(0.05, 0.45 - 0.04 * upd)
+        for t in range(10):
+            text = _agent_text(obs.state, rng.random() < misread_p, rng.random() < 0.06, rng)
+            r = pool.step_batch([(sid, text)])[0]
+            step = add_step(
+                session,
+                blobs,
+                image=obs.image,
+                run_id=run.id,
+                episode_id=cursor.episode_id,
+                idx=t,
+                update_idx=upd,
+                rollout_pos=t * 4 + env_index,
+                prompt=obs.prompt,
+                output=text,
+                thought=r.parsed.thought,
+                action_text=r.parsed.action_text,
+                parsed_action=r.action,
+                format_valid=bool(r.parsed.format_valid),
+                action_valid=bool(r.parsed.action_valid),
+                reward=float(r.reward),
+                done=bool(r.done),
+                value=round(rng.uniform(-0.5, 0.9), 3),
+                logprob=round(-rng.uniform(0.05, 2.0), 3),
+                thought_entropy=round(rng.uniform(0.5, 1.5), 3),
+                state=obs.state,
+            )
+            session.flush()
+            cursor.length += 1
+            cursor.total_return += float(r.reward)
+            out.steps += 1
+            if step.format_valid:
+                corr = record_correction(session, step.id, "oracle", oracle)
+                if corr.verdict == "incorrect":
+                    out.corrected_step_ids.append(step.id)
+            if r.done:
+                close_episode(session, cursor, bool(r.success))
+                return
+            touch_episode(session, cursor)
+            obs = r.observation
+        close_episode(session, cursor, False)  # the seed's own step limit: a failure
+    finally:
+        pool.close(sid)
 
 
 def seed_demo(
@@ -337,10 +281,11 @@ def seed_demo(
                 created_at=T0 + timedelta(minutes=u + 1),
             )
         )
+    pool, oracle = EnvPool(), OracleCorrector(noise=0.0, seed=7)
     for u in traced:
         for env in range(4):
             for seq in range(2):
-                _add_episode(session, run, u, env, u * 2 + seq, rng, out)
+                _add_episode(session, run, u, env, u * 2 + seq, rng, out, pool, oracle)
     for u in (-1, *range(3, updates, 4)):
         session.add(
             Checkpoint(

@@ -32,3 +32,20 @@ def test_login_redirects_stay_on_site() -> None:
     assert _safe_next("/runs/3?x=1") == "/runs/3?x=1"
     for bad in ("//evil.example", "https://evil.example", "/\\evil", None, ""):
         assert _safe_next(bad) == "/runs"
+
+
+def test_word_diff_is_bounded_and_lossless_on_long_texts() -> None:
+    """Long, unrelated texts fall back to lines, then to one deletion and one insertion; a small
+    change in a long text stays a small chunk (the common head and tail are cut off first)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["the", "target", "is", "current", "number", "so", "I", "go", ".", ","]
+    a = " ".join(rng.choice(words) for _ in range(5000))
+    b = " ".join(rng.choice(words) for _ in range(5000))
+    for before, after in ((a, b), (a, a[:100] + "CHANGED" + a[100:]), ("x" * 25_000, "y " * 9000)):
+        chunks = word_diff(before, after)
+        assert "".join(t for op, t in chunks if op != "ins") == before
+        assert "".join(t for op, t in chunks if op != "del") == after
+    small = word_diff(a, a[:100] + "CHANGED" + a[100:])
+    assert sum(len(t) for op, t in small if op != "eq") < 40

@@ -7,7 +7,7 @@ import re
 import httpx
 
 from tests.ui.conftest import login, shot
-from tests.ui.seed import Seeded
+from tests.ui.seed import IMAGE, Seeded
 
 
 def test_login_required_and_bad_token_rejected(page, base_url: str) -> None:
@@ -62,7 +62,8 @@ def test_trace_browser_corrected_step_diff_image_and_keys(
     page, base_url: str, seeded: Seeded
 ) -> None:
     login(page, base_url, seeded.read_token, f"/runs/{seeded.run_id}/episodes?corrected=true")
-    corrected = page.locator("table.episodes tbody tr").count()
+    corrected = page.locator("table.episodes tbody tr .corr").count()
+    assert corrected >= 1  # corrected_steps as record_correction counted them
     page.goto(f"{base_url}/runs/{seeded.run_id}/episodes?corrected=false")
     assert page.locator("table.episodes tbody tr").count() + corrected == 24
     page.goto(f"{base_url}/runs/{seeded.run_id}/episodes?update=5")
@@ -75,9 +76,9 @@ def test_trace_browser_corrected_step_diff_image_and_keys(
     assert card.locator(".verdict").inner_text().lower() == "incorrect"
     diff = card.locator("pre.diff")
     assert diff.locator("del").count() >= 1 and diff.locator("ins").count() >= 1
-    assert "target" in card.locator(".reasoning").inner_text().lower()
+    assert "expert" in card.locator(".reasoning").inner_text().lower()  # the real oracle's words
     page.wait_for_function("document.getElementById('observation').complete")
-    assert page.eval_on_selector("#observation", "img => img.naturalWidth") == 300
+    assert page.eval_on_selector("#observation", "img => img.naturalWidth") == IMAGE
     shot(page, "step-corrected")
 
     next_href = page.get_attribute("#next-step", "href")

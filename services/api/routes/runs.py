@@ -42,6 +42,8 @@ Status = Literal["queued", "running", "completed", "failed", "cancelled"]
 def run_out(db: Session, run: Run) -> RunOut:
     out = RunOut.model_validate(run)
     out.latest_metrics = service.latest_metrics(db, run.id)
+    timing = service.run_timing(run)
+    out.elapsed_s, out.eta_s = timing["elapsed_s"], timing["eta_s"]
     return out
 
 

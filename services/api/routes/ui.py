@@ -3,7 +3,6 @@ for live curves, keyboard navigation and the corrector registry."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 from services.api import service
 from services.api.auth import COOKIE_NAME, lookup_token, raw_token
 from services.api.deps import get_db
+from services.api.diff import readable, word_diff  # noqa: F401 - readable: tests import it here
 from services.api.launch import InvalidField, check_launch
 from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken
 from shared.schemas import RunConfig
@@ -149,10 +149,22 @@ def home() -> RedirectResponse:
 
 @router.get("/runs")
 def runs_page(
-    request: Request, db: Db, me: User, status: str | None = None, page: PageNo = 1
+    request: Request,
+    db: Db,
+    me: User,
+    status: str | None = None,
+    page: PageNo = 1,
+    clone: Annotated[int | None, Query(ge=1, le=INT32)] = None,
 ) -> HTMLResponse:
-    """Every run of the team, newest first."""
-    return _runs(request, db, me, status if status in RUN_STATUSES else None, max(1, page))
+    """Every run of the team, newest first; ``clone`` fills the launch form with a run's config."""
+    ctx: dict[str, Any] = {}
+    if clone is not None:
+        try:
+            ctx["config_text"] = service.config_toml(service.get_run(db, me, clone), copy=True)
+            ctx["open_launch"] = True
+        except service.NotFound:
+            return _not_found(request, me, f"run {clone}")
+    return _runs(request, db, me, status if status in RUN_STATUSES else None, max(1, page), **ctx)
 
 
 def _runs(
@@ -165,7 +177,7 @@ def _runs(
     **ctx: Any,
 ) -> HTMLResponse:
     rows, total = service.list_runs(db, me, state, PAGE_SIZE, (page - 1) * PAGE_SIZE)
-    runs = [(r, service.latest_metrics(db, r.id)) for r in rows]
+    runs = [(r, service.latest_metrics(db, r.id), service.run_timing(r)) for r in rows]
     return render(
         request,
         "runs.html",
@@ -212,7 +224,10 @@ def launch(
             parsed, errors = None, [f"{'.'.join(e.loc)}: {e.msg}"]
     if parsed is None:
         return _runs(request, db, me, None, 1, 422, errors=errors, config_text=config)
-    run = service.create_run(db, parsed, me.team)
+    try:
+        run = service.create_run(db, parsed, me.team)
+    except service.Invalid as e:
+        return _runs(request, db, me, None, 1, 422, errors=[str(e)], config_text=config)
     db.commit()
     return RedirectResponse(f"/runs/{run.id}", status.HTTP_303_SEE_OTHER)
 
@@ -257,16 +272,37 @@ def run_page(
         run = service.get_run(db, me, run_id)
     except service.NotFound:
         return _not_found(request, me, f"run {run_id}")
+    latest = service.latest_metrics(db, run.id)
     return render(
         request,
         "run.html",
         me,
         run=run,
-        latest=service.latest_metrics(db, run.id),
+        latest=latest,
+        timing=service.run_timing(run),
+        all_failed=latest.get("corrections", 0) > 0
+        and latest.get("corrections_failed") == latest.get("corrections"),
         checkpoints=service.list_checkpoints(db, run),
         notice=notice,
         terminal=run.status in TERMINAL_STATUSES,
-        config_json=json.dumps(run.config, indent=2, sort_keys=True),
+        config_toml=service.config_toml(run),
+    )
+
+
+@router.post("/runs/{run_id}/resume")
+def resume(request: Request, run_id: RunId, db: Db, me: User) -> Response:
+    """Queue a failed or cancelled run again; it resumes after its last trained update."""
+    _writer(request, me)
+    try:
+        service.resume_run(db, me, run_id)
+        db.commit()
+        notice = "Run queued again: a controller resumes it after its last trained update."
+    except service.Conflict as e:
+        notice = str(e)
+    except service.NotFound:
+        return _not_found(request, me, f"run {run_id}")
+    return RedirectResponse(
+        f"/runs/{run_id}?{urlencode({'notice': notice})}", status.HTTP_303_SEE_OTHER
     )
 
 
@@ -387,36 +423,13 @@ def step_page(request: Request, run_id: RunId, step_id: StepId, db: Db, me: User
     )
 
 
-TOKEN_RE = re.compile(r"\w+|[^\w\s]|\s+")
-
-
-def readable(text: str) -> str:
-    """A JSON thought shown as one 'key: value' line per key, so the diff reads like prose."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return text
-    if not isinstance(data, dict):
-        return text
-    return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in data.items())
-
-
-def word_diff(before: str, after: str) -> list[tuple[str, str]]:
-    """Word-level diff as (op, text) chunks with op in eq | del | ins."""
-    a, b = TOKEN_RE.findall(readable(before)), TOKEN_RE.findall(readable(after))
-    out: list[tuple[str, str]] = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag == "equal":
-            out.append(("eq", "".join(a[i1:i2])))
-            continue
-        if i2 > i1:
-            out.append(("del", "".join(a[i1:i2])))
-        if j2 > j1:
-            out.append(("ins", "".join(b[j1:j2])))
-    return out
-
-
 # ---- correctors and static files ------------------------------------------------------------
+
+
+@router.get("/docs")
+def api_docs(request: Request) -> HTMLResponse:
+    """The API reference: Swagger UI from vendored files, under the same CSP as every page."""
+    return templates.TemplateResponse(request, "docs.html", {})
 
 
 @router.get("/correctors")

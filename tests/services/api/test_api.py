@@ -70,7 +70,9 @@ def test_create_list_get_cancel(client: httpx.Client) -> None:
 def test_resume_a_failed_run(base_url: str, client: httpx.Client) -> None:
     run = client.post("/api/runs", json=CONFIG).json()
     refused = client.post(f"/api/runs/{run['id']}/resume")
-    assert refused.status_code == 409 and "only a failed run" in refused.json()["detail"]
+    assert (
+        refused.status_code == 409 and "only a failed or cancelled run" in refused.json()["detail"]
+    )
     with session_scope() as s:
         row = s.get(Run, run["id"])
         assert row is not None

@@ -1,23 +1,29 @@
 // Chart helpers shared by the run and compare pages (uPlot, vendored in static/vendor/uplot).
 gtr.charts = {
+  // family: the collapsible section; unit: a 0-1 axis; steps: the step search a point opens.
   GROUPS: [
-    {title: 'Success rate', keys: ['success_rate', 'eval/success_rate'], unit: true},
-    {title: 'Episode return', keys: ['episode_return']},
-    {title: 'Corrector disagreement & validity', keys: ['corrected_rate', 'format_valid_rate', 'action_valid_rate'], unit: true},
-    {title: 'Losses', keys: ['losses/policy', 'losses/value', 'losses/sft']},
-    {title: 'Collapse · state relevance', keys: ['probe_relevance', 'state_relevance'], unit: true, collapse: true, threshold: 'minRelevance'},
-    {title: 'Collapse · probe dominance', keys: ['probe_top_thought_share', 'probe_distinct_thoughts'], unit: true, collapse: true, threshold: 'maxTopShare'},
-    {title: 'Collapse · diversity', keys: ['distinct_1', 'distinct_2', 'self_bleu_2'], unit: true, collapse: true},
-    {title: 'Collapse · distinct thoughts per state', keys: ['thoughts_per_state'], collapse: true},
-    {title: 'Thought length (tokens)', keys: ['thought_length'], collapse: true},
-    {title: 'Thought-token entropy', keys: ['thought_entropy'], collapse: true},
-    {title: 'Episode length', keys: ['episode_length']},
-    {title: 'PPO · approx KL & clip fraction', keys: ['approx_kl', 'clipfrac']},
-    {title: 'Gradient norm', keys: ['grad_norm']},
-    {title: 'Value · explained variance', keys: ['explained_variance']},
-    {title: 'Learning rate', keys: ['lr']},
-    {title: 'Corrector latency (ms)', keys: ['corrector_latency_ms']},
+    {family: 'Learning', title: 'Success rate', keys: ['eval/success_rate', 'success_rate'], unit: true, steps: {}},
+    {family: 'Learning', title: 'Episode return', keys: ['episode_return'], steps: {}},
+    {family: 'Learning', title: 'Episode length', keys: ['episode_length'], steps: {}},
+    {family: 'Corrector', title: 'Corrector disagreement & validity', keys: ['corrected_rate', 'format_valid_rate', 'action_valid_rate'], unit: true, steps: {verdict: 'corrected'}},
+    {family: 'Corrector', title: 'Corrector latency (ms)', keys: ['corrector_latency_ms'], steps: {}},
+    {family: 'Corrector', title: 'Failed corrections', keys: ['corrections_failed', 'corrections'], steps: {verdict: 'failed'}},
+    {family: 'Collapse', title: 'Collapse · state relevance', keys: ['probe_relevance', 'state_relevance'], unit: true, collapse: true, threshold: 'minRelevance', steps: {}},
+    // probe_distinct_thoughts is a count: drawn as a share of the probe set (see derived()).
+    {family: 'Collapse', title: 'Collapse · probe dominance (share of probe)', keys: ['probe_top_thought_share', 'probe_distinct_share'], unit: true, collapse: true, threshold: 'maxTopShare', steps: {}},
+    {family: 'Collapse', title: 'Collapse · diversity', keys: ['distinct_1', 'distinct_2', 'self_bleu_2'], unit: true, collapse: true, steps: {}},
+    {family: 'Collapse', title: 'Collapse · distinct thoughts per state', keys: ['thoughts_per_state'], collapse: true, steps: {}},
+    {family: 'Collapse', title: 'Thought length (tokens)', keys: ['thought_length'], collapse: true, steps: {}},
+    {family: 'Collapse', title: 'Thought-token entropy', keys: ['thought_entropy'], collapse: true, steps: {}},
+    {family: 'Optimisation', title: 'Losses', keys: ['losses/policy', 'losses/value', 'losses/sft']},
+    {family: 'Optimisation', title: 'PPO · approx KL & clip fraction', keys: ['approx_kl', 'clipfrac']},
+    {family: 'Optimisation', title: 'Gradient norm', keys: ['grad_norm']},
+    {family: 'Optimisation', title: 'Value · explained variance', keys: ['explained_variance']},
+    {family: 'Optimisation', title: 'Learning rate', keys: ['lr']},
   ],
+  // Bookkeeping numbers, not curves.
+  IGNORE: new Set(['checkpoint_id', 'trained', 'probe_distinct_thoughts', 'rollout_s', 'update_s']),
+  FAMILIES: ['Learning', 'Corrector', 'Collapse', 'Optimisation', 'Other'],
   COLORS: ['#2563eb', '#d97706', '#059669', '#7c3aed', '#db2777', '#0891b2', '#65a30d', '#dc2626'],
   HEIGHT: 190,
 
@@ -26,10 +32,50 @@ gtr.charts = {
     return new Set(updates.flatMap(u => Object.keys(u.metrics).filter(k => typeof u.metrics[k] === 'number')));
   },
 
+  // A metric's value in one update, with the derived ones (a count turned into a share).
+  value(u, key, ctx = {}) {
+    if (key === 'probe_distinct_share') {
+      const n = u.metrics.probe_distinct_thoughts;
+      return typeof n === 'number' && ctx.probeStates ? n / ctx.probeStates : null;
+    }
+    return typeof u.metrics[key] === 'number' ? u.metrics[key] : null;
+  },
+
+  // Known groups with data, then the unknown keys: one chart per 'prefix/' family, the rest
+  // four to a chart, all in the collapsed 'Other' section (never one chart per key).
+  groups(updates) {
+    const c = gtr.charts, seen = c.keys(updates);
+    if (seen.has('probe_distinct_thoughts')) seen.add('probe_distinct_share');
+    const known = new Set(c.GROUPS.flatMap(g => g.keys));
+    const out = c.GROUPS.map(g => ({...g, keys: g.keys.filter(k => seen.has(k))})).filter(g => g.keys.length);
+    const unknown = [...seen].filter(k => !known.has(k) && !c.IGNORE.has(k)).sort();
+    const byPrefix = new Map();
+    for (const k of unknown) {
+      const p = k.includes('/') ? k.split('/')[0] + '/…' : '';
+      if (!byPrefix.has(p)) byPrefix.set(p, []);
+      byPrefix.get(p).push(k);
+    }
+    for (const [p, ks] of byPrefix) {
+      for (let i = 0; i < ks.length; i += 4) out.push({family: 'Other', title: p || ks.slice(i, i + 4).join(', '), keys: ks.slice(i, i + 4), steps: {}});
+    }
+    return out;
+  },
+
   tick(v) {
     if (v === 0) return '0';
     const a = Math.abs(v);
     return a < 0.01 || a >= 1e5 ? v.toExponential(1) : String(+v.toPrecision(3));
+  },
+
+  // Exponential moving average (TensorBoard-style), nulls kept as gaps.
+  smooth(ys, alpha) {
+    if (!alpha) return ys;
+    let last = null;
+    return ys.map((y) => {
+      if (y === null) return null;
+      last = last === null ? y : alpha * last + (1 - alpha) * y;
+      return last;
+    });
   },
 
   // A dashed horizontal line at y: the alarm threshold of a collapse monitor.
@@ -44,33 +90,41 @@ gtr.charts = {
     };
   },
 
-  // Red bands behind the updates whose alarm fired.
+  // Red bands behind the updates whose alarm fired (x: the updates' positions on the axis).
   alarmHook(getUpdates) {
     return (u) => {
-      const {ctx, bbox} = u;
+      const {ctx, bbox} = u, xs = u.data[0], ups = getUpdates();
       ctx.save();
       ctx.fillStyle = 'rgba(220, 38, 38, 0.13)';
-      for (const upd of getUpdates()) {
-        if (!upd.alarm) continue;
-        const x0 = u.valToPos(upd.idx - 0.5, 'x', true), x1 = u.valToPos(upd.idx + 0.5, 'x', true);
+      ups.forEach((upd, i) => {
+        if (!upd.alarm || xs[i] === undefined) return;
+        const half = (xs.length > 1 ? (xs[Math.min(i + 1, xs.length - 1)] - xs[Math.max(i - 1, 0)]) / (i > 0 && i < xs.length - 1 ? 4 : 2) : 0.5);
+        const x0 = u.valToPos(xs[i] - half, 'x', true), x1 = u.valToPos(xs[i] + half, 'x', true);
         const left = Math.max(bbox.left, x0), right = Math.min(bbox.left + bbox.width, x1);
         if (right > left) ctx.fillRect(left, bbox.top, right - left, bbox.height);
-      }
+      });
       ctx.restore();
     };
   },
 
-  plot(box, {title, labels, unit, hooks = {}, points = true}, data) {
+  // points: a boolean, or one per series (a series with a single value needs its dot).
+  plot(box, {title, labels, unit, hooks = {}, points = true, xLabel = 'update'}, data) {
     const c = gtr.charts;
+    const show = i => (Array.isArray(points) ? points[i] : points);
     const opts = {
       title, width: box.clientWidth || 420, height: c.HEIGHT,
       scales: {x: {time: false}, y: unit ? {range: [0, 1]} : {}},
-      series: [{label: 'update'}, ...labels.map((label, i) => ({label, stroke: c.COLORS[i % c.COLORS.length], width: 2, spanGaps: true, points: {show: points}}))],
-      axes: [{label: 'update', size: 36, labelSize: 14, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 2e4, 5e4]},
+      series: [{label: xLabel}, ...labels.map((label, i) => ({label, stroke: c.COLORS[i % c.COLORS.length], width: 2, spanGaps: true, points: {show: show(i), size: 6}}))],
+      axes: [{label: xLabel, size: 36, labelSize: 14},
         {size: 54, values: (u, splits) => splits.map(c.tick)}],
       hooks,
     };
     return new uPlot(opts, data, box);
+  },
+
+  // Whether each series needs dots: few x values, or a single value of its own.
+  pointsFor(data) {
+    return data.slice(1).map(ys => data[0].length < 60 || ys.filter(y => y !== null).length < 2);
   },
 
   // All updates of a run after the first `have`, following the pages.

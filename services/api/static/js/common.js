@@ -17,6 +17,25 @@ window.gtr = {
     return d || '';
   },
   pct: v => (typeof v === 'number' ? `${Math.round(v * 100)}%` : '–'),
+  duration(sec) {
+    if (typeof sec !== 'number') return '–';
+    const s = Math.floor(sec), pad = n => String(n).padStart(2, '0');
+    if (s >= 3600) return `${Math.floor(s / 3600)}h ${pad(Math.floor(s % 3600 / 60))}m`;
+    return s >= 60 ? `${Math.floor(s / 60)}m ${pad(s % 60)}s` : `${s}s`;
+  },
+  // What a run is doing now, as the server's _macros.html phase() writes it.
+  phaseText(run) {
+    if (run.status === 'queued') return 'queued';
+    if (run.status !== 'running') return run.status;
+    const of = run.phase_total ? ` ${run.phase_step || 0} of ${run.phase_total}` : '';
+    return {warm_start: `warm start${of}`, rollout: `rollout${of ? ' step' + of : ''}`,
+      corrections: 'waiting for corrections'}[run.phase] || run.phase || 'starting';
+  },
+  timingText(run) {
+    let out = run.elapsed_s != null ? `· ${gtr.duration(run.elapsed_s)} elapsed` : '';
+    if (run.eta_s != null) out += ` · ETA ${gtr.duration(run.eta_s)}`;
+    return out;
+  },
   num: (v, digits = 2) => (typeof v === 'number' ? v.toFixed(digits) : '–'),
   el(tag, attrs = {}, ...children) {
     const e = document.createElement(tag);
@@ -28,3 +47,14 @@ window.gtr = {
     return e;
   },
 };
+
+// Behaviour the markup asks for by class, so no page needs an inline handler (the CSP has no
+// 'unsafe-inline'): forms.confirm ask first (the text is read as data, never as code), and
+// select.autosubmit submits its form.
+document.addEventListener('submit', (e) => {
+  const form = e.target;
+  if (form.matches && form.matches('form.confirm') && !confirm(form.dataset.confirm || 'Are you sure?')) e.preventDefault();
+});
+document.addEventListener('change', (e) => {
+  if (e.target.matches && e.target.matches('select.autosubmit')) e.target.form.submit();
+});

@@ -1,8 +1,8 @@
 // Compare page: one chart per metric, one line per run (e.g. GTR against RL4VLM on a task).
 (() => {
-  const {GROUPS, COLORS, plot, keys, fetchUpdates, resizeOnWindow} = gtr.charts;
+  const {GROUPS, COLORS, plot, keys, fetchUpdates, resizeOnWindow, pointsFor} = gtr.charts;
   const root = document.getElementById('compare-charts');
-  const runs = JSON.parse(document.getElementById('compare-runs').textContent);
+  const runs = JSON.parse(root.dataset.runs || '[]');
   const METRICS = GROUPS.flatMap(g => g.keys.map(k => ({key: k, unit: g.unit, collapse: g.collapse})));
   let charts = [];
 
@@ -24,7 +24,8 @@
     charts = METRICS.filter(m => present.has(m.key)).map((m) => {
       const box = gtr.el('div', {class: 'chart' + (m.collapse ? ' collapse-chart' : ''), 'data-title': m.key});
       root.append(box);
-      return {box, plot: plot(box, {title: m.key, labels, unit: m.unit, points: false}, aligned(perRun, m.key))};
+      const data = aligned(perRun, m.key);  // a run with one update still shows its dot
+      return {box, plot: plot(box, {title: m.key, labels, unit: m.unit, points: pointsFor(data)}, data)};
     });
     if (!charts.length) root.replaceChildren(gtr.el('p', {class: 'muted empty'}, 'None of these runs has recorded an update yet.'));
     root.dataset.charts = String(charts.length);

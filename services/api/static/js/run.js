@@ -1,41 +1,69 @@
-// Run page: learning curves and collapse monitors, polled while the run is live.
+// Run page: curves grouped by family (collapsible), smoothing and an x-axis switch; a click on a
+// point opens that update's steps; status, phase and stat cards polled while the run is live.
 (() => {
-  const {GROUPS, plot, keys, alarmHook, thresholdHook, fetchUpdates, resizeOnWindow} = gtr.charts;
+  const C = gtr.charts;
   const root = document.getElementById('charts');
   const runId = root.dataset.runId;
-  const POLL_MS = 5000;
+  const ctx = {probeStates: parseFloat(root.dataset.probeStates) || 0};
+  const envSteps = (parseInt(root.dataset.envs, 10) || 1) * (parseInt(root.dataset.steps, 10) || 1);
+  const xSelect = document.getElementById('chart-x'), smoothInput = document.getElementById('chart-smooth');
+  const POLL_MS = 3000;
   const updates = [];
+  const closed = new Set(['Other']);  // families folded by the reader (Other starts folded)
   let charts = [];
   let layoutKey = '';
 
-  function groupsWithData() {
-    const seen = keys(updates);
-    const known = new Set(GROUPS.flatMap(g => g.keys));
-    const groups = GROUPS.map(g => ({...g, keys: g.keys.filter(k => seen.has(k))})).filter(g => g.keys.length);
-    // Metrics a newer trainer adds still get drawn, one chart each.
-    for (const k of [...seen].filter(k => !known.has(k)).sort()) groups.push({title: k, keys: [k]});
-    return groups;
-  }
+  const X = {
+    update: {label: 'update', of: u => u.idx},
+    env_steps: {label: 'env steps', of: u => (u.idx + 1) * envSteps},
+    wall: {label: 'wall time (min)', of: u => (Date.parse(u.created_at) - Date.parse(updates[0].created_at)) / 60000},
+  };
 
   function data(group) {
-    return [updates.map(u => u.idx), ...group.keys.map(k => updates.map(u => (typeof u.metrics[k] === 'number' ? u.metrics[k] : null)))];
+    const x = X[xSelect.value] || X.update, alpha = parseFloat(smoothInput.value) || 0;
+    return [updates.map(x.of), ...group.keys.map(k => C.smooth(updates.map(u => C.value(u, k, ctx)), alpha))];
+  }
+
+  // The step search for the update under the cursor, filtered by what the chart shows.
+  function openSteps(group, plot) {
+    const i = plot.cursor.idx;
+    if (i === null || i === undefined || !updates[i]) return;
+    const q = new URLSearchParams({update: String(updates[i].idx), ...(group.steps || {})});
+    location.href = `/runs/${runId}/steps?${q}`;
   }
 
   function build() {
-    const groups = groupsWithData();
-    const key = groups.map(g => g.title + g.keys.join()).join('|');
+    const groups = C.groups(updates);
+    const key = xSelect.value + '|' + groups.map(g => g.title + g.keys.join()).join('|');
     if (key === layoutKey) { charts.forEach(c => c.plot.setData(data(c.group))); return; }
     layoutKey = key;
     charts.forEach(c => c.plot.destroy());
     root.replaceChildren();
-    charts = groups.map((group) => {
-      const box = gtr.el('div', {class: 'chart' + (group.collapse ? ' collapse-chart' : ''), 'data-title': group.title});
-      root.append(box);
-      const hooks = {drawClear: [alarmHook(() => updates)]};
-      if (group.threshold) hooks.draw = [thresholdHook(parseFloat(root.dataset[group.threshold]))];
-      const opts = {title: group.title, labels: group.keys, unit: group.unit, hooks, points: updates.length < 60};
-      return {group, box, plot: plot(box, opts, data(group))};
-    });
+    charts = [];
+    for (const family of C.FAMILIES) {
+      const inFamily = groups.filter(g => g.family === family);
+      if (!inFamily.length) continue;
+      const grid = gtr.el('div', {class: 'charts'});
+      const section = gtr.el('details', {class: 'family', 'data-family': family, open: !closed.has(family)},
+        gtr.el('summary', {}, `${family} (${inFamily.length})`), grid);
+      section.addEventListener('toggle', () => { if (section.open) closed.delete(family); else closed.add(family); });
+      root.append(section);
+      for (const group of inFamily) {
+        const box = gtr.el('div', {class: 'chart' + (group.collapse ? ' collapse-chart' : ''), 'data-title': group.title});
+        grid.append(box);
+        const hooks = {drawClear: [C.alarmHook(() => updates)]};
+        if (group.threshold) hooks.draw = [C.thresholdHook(parseFloat(root.dataset[group.threshold]))];
+        const d = data(group);
+        const opts = {title: group.title, labels: group.keys, unit: group.unit, hooks, points: C.pointsFor(d), xLabel: (X[xSelect.value] || X.update).label};
+        const plot = C.plot(box, opts, d);
+        if (group.steps) {
+          plot.over.classList.add('clickable');
+          plot.over.title = 'click: open this update\'s steps';
+          plot.over.addEventListener('click', () => openSteps(group, plot));
+        }
+        charts.push({group, box, plot});
+      }
+    }
   }
 
   function render() {
@@ -53,23 +81,39 @@
     const pct = run.num_updates ? 100 * run.updates_done / run.num_updates : 0;
     document.querySelector('#progress-block .progress .bar').style.width = `${pct.toFixed(1)}%`;
     document.querySelector('#progress-block .progress span').textContent = `${run.updates_done}/${run.num_updates}`;
+    document.querySelector('#run-phase [data-field=phase]').textContent = gtr.phaseText(run);
+    document.querySelector('#run-phase [data-field=timing]').textContent = gtr.timingText(run);
+    const m = run.latest_metrics;
     for (const el of document.querySelectorAll('[data-metric]')) {
-      const m = run.latest_metrics, v = m[el.dataset.metric];
-      el.textContent = /rate|share/.test(el.dataset.metric) ? gtr.pct(v) : gtr.num(v, el.dataset.metric === 'thought_length' ? 1 : 2);
+      const v = m[el.dataset.metric];
       // No episode ended yet: say so rather than show no success rate.
       if (el.dataset.metric === 'success_rate' && v === undefined && m.episodes_started) {
         el.textContent = `${m.episodes_finished || 0} of ${m.episodes_started} finished`;
+        continue;
       }
+      if (typeof v !== 'number') continue;  // keep the last value shown until a new one comes
+      el.textContent = /rate|share/.test(el.dataset.metric) ? gtr.pct(v) : gtr.num(v, el.dataset.metric === 'thought_length' ? 1 : 2);
     }
     document.getElementById('alarm-banner').hidden = !run.alarm;
     if (run.latest_metrics.alarm_reason) document.getElementById('alarm-reason').textContent = run.latest_metrics.alarm_reason;
+    const allFailed = m.corrections > 0 && m.corrections_failed === m.corrections;
+    const banner = document.getElementById('corrections-alarm');
+    banner.hidden = !allFailed;
+    if (allFailed) {
+      banner.querySelector('[data-field=corrections]').textContent = String(m.corrections);
+      banner.querySelector('[data-field=corrections-failed]').textContent = String(m.corrections_failed);
+    }
+    const terminal = ['completed', 'failed', 'cancelled'].includes(run.status);
+    document.getElementById('cancel-pending').hidden = !(run.cancel_requested && !terminal);
+    const cancel = document.getElementById('cancel-run');
+    if (cancel && run.cancel_requested) { cancel.disabled = true; cancel.textContent = terminal ? 'Cancelled' : 'Cancel pending…'; }
   }
 
   async function poll() {
     const state = document.getElementById('poll-state');
     try {
       const run = await gtr.api(`/api/runs/${runId}`);
-      updates.push(...await fetchUpdates(runId, updates.length));
+      updates.push(...await C.fetchUpdates(runId, updates.length));
       setStatus(run);
       render();
       const live = !['completed', 'failed', 'cancelled'].includes(run.status);
@@ -81,6 +125,8 @@
     }
   }
 
-  resizeOnWindow(() => charts);
+  xSelect.addEventListener('change', () => { layoutKey = ''; render(); });
+  smoothInput.addEventListener('input', () => render());
+  C.resizeOnWindow(() => charts);
   poll();
 })();

@@ -1,7 +1,7 @@
 // Runs list: fill the launch form from a preset or a file, and refresh live runs in place.
 (() => {
   const text = document.getElementById('config');
-  const presets = JSON.parse(document.getElementById('presets-data')?.textContent || '{}');
+  const presets = JSON.parse(text?.dataset.presets || '{}');
   document.getElementById('preset')?.addEventListener('change', (e) => {
     if (presets[e.target.value]) text.value = presets[e.target.value];
   });
@@ -20,6 +20,9 @@
     row.querySelector('.progress .bar').style.width = `${pct.toFixed(1)}%`;
     row.querySelector('.progress span').textContent = `${run.updates_done}/${run.num_updates}`;
     row.querySelector('[data-field=success]').textContent = gtr.pct(run.latest_metrics.success_rate);
+    row.querySelector('[data-field=eval]').textContent = gtr.pct(run.latest_metrics['eval/success_rate']);
+    row.querySelector('[data-field=phase]').textContent = gtr.phaseText(run);
+    row.querySelector('[data-field=timing]').textContent = gtr.timingText(run);
     row.classList.toggle('alarmed', run.alarm);
     row.querySelector('[data-field=alarm]').replaceChildren(run.alarm ? gtr.el('span', {class: 'alarm'}, '⚠ collapse') : '');
   }
@@ -36,7 +39,8 @@
       const byId = new Map(page.items.map(r => [String(r.id), r]));
       for (const row of live()) if (byId.has(row.dataset.runId)) update(row, byId.get(row.dataset.runId));
     } catch (err) { console.warn('refresh failed', err); }
-    setTimeout(refresh, 10000);
+    setTimeout(refresh, REFRESH_MS);
   }
-  setTimeout(refresh, 10000);
+  const REFRESH_MS = 5000;
+  setTimeout(refresh, REFRESH_MS);
 })();

@@ -1,7 +1,7 @@
 """run info: what the platform did for a run beside training (warm-start cache, trackers)
 
 Revision ID: 0006
-Revises: 0002
+Revises: 0004
 Create Date: 2026-12-01 00:06:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0002"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

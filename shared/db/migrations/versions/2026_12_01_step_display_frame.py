@@ -1,7 +1,7 @@
 """step display frame: a display-resolution frame for people beside the model's input
 
 Revision ID: 0007
-Revises: 0002
+Revises: 0006
 Create Date: 2026-12-01 00:00:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007"
-down_revision = "0002"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,190 @@
+"""Step search and exports: REST (``/api/runs/{id}/steps``, ``…/steps/export``,
+``…/updates/export``) and the search page of the web UI (``/runs/{id}/steps``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Iterator
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from services.api import search, service
+from services.api.auth import require_read
+from services.api.deps import get_db
+from services.api.routes.ui import PAGE_SIZE, User, _not_found, render
+from services.api.schemas import Page
+from shared.db.models import ApiToken
+
+router = APIRouter()
+Db = Annotated[Session, Depends(get_db, scope="function")]
+Reader = Annotated[ApiToken, Depends(require_read)]
+RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+Filter = Annotated[search.StepFilter, Query()]
+Format = Literal["csv", "json"]
+
+
+class StepHit(BaseModel):
+    """One search result: enough to pick the step, whose page has the rest."""
+
+    id: int
+    episode_id: int
+    update_idx: int
+    idx: int
+    parsed_action: str | None
+    format_valid: bool
+    reward: float
+    verdict: str
+    thought: str | None
+    corrected_thought: str | None
+
+
+class StepPage(Page[StepHit]):
+    capped: bool = False  # the total stopped counting at search.COUNT_CAP
+
+
+def _hits(db: Session, rows: Any) -> list[StepHit]:
+    corr = search.verdicts(db, [s.id for s in rows])
+    return [
+        StepHit(
+            id=s.id,
+            episode_id=s.episode_id,
+            update_idx=s.update_idx,
+            idx=s.idx,
+            parsed_action=s.parsed_action,
+            format_valid=s.format_valid,
+            reward=s.reward,
+            verdict=search.verdict_of(corr.get(s.id)),
+            thought=s.thought,
+            corrected_thought=c.corrected_thought if (c := corr.get(s.id)) else None,
+        )
+        for s in rows
+    ]
+
+
+@router.get("/api/runs/{run_id}/steps", response_model=StepPage, tags=["runs"])
+def search_steps(
+    run_id: RunId,
+    db: Db,
+    token: Reader,
+    f: Filter,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=search.MAX_OFFSET)] = 0,
+) -> StepPage:
+    """Steps of a run by verdict, format, action, reward, update and words of the thoughts."""
+    run = service.get_run(db, token, run_id)
+    rows, total, capped = search.search_steps(db, run, f, limit, offset)
+    return StepPage(items=_hits(db, rows), total=total, limit=limit, offset=offset, capped=capped)
+
+
+@router.get("/api/runs/{run_id}/steps/export", tags=["runs"])
+def export_steps(
+    run_id: RunId, db: Db, token: Reader, f: Filter, format: Format = "csv"
+) -> Response:
+    """Every step a search finds (up to 100,000) as CSV or JSON, for a notebook."""
+    run = service.get_run(db, token, run_id)
+    # Read here: the request's session is closed before a streamed body is sent.
+    rows = list(search.export_rows(db, run, f))
+    return _download(iter(rows), search.EXPORT_COLUMNS, format, f"run-{run.id}-steps")
+
+
+@router.get("/api/runs/{run_id}/updates/export", tags=["runs"])
+def export_updates(run_id: RunId, db: Db, token: Reader, format: Format = "csv") -> Response:
+    """Every update's metrics as CSV (one column per metric) or JSON."""
+    run = service.get_run(db, token, run_id)
+    updates, _ = service.list_updates(db, run, 1_000_000, 0)
+    records = [
+        {"update": u.idx, "created_at": u.created_at.isoformat(), "alarm": u.alarm, **u.metrics}
+        for u in updates
+    ]
+    columns = list(dict.fromkeys(k for r in records for k in r)) or ["update"]
+    return _download(iter(records), columns, format, f"run-{run.id}-metrics")
+
+
+def _download(rows: Iterator[dict], columns: Iterable[str], fmt: str, name: str) -> Response:
+    headers = {"Content-Disposition": f'attachment; filename="{name}.{fmt}"'}
+    if fmt == "json":
+        body = (json.dumps(_finite(r)) for r in rows)
+        return StreamingResponse(_json_array(body), media_type="application/json", headers=headers)
+    return StreamingResponse(_csv(rows, list(columns)), media_type="text/csv", headers=headers)
+
+
+def _finite(record: dict) -> dict:
+    """JSON has no NaN: a non-finite metric is written as null."""
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()
+    }
+
+
+def _json_array(items: Iterator[str]) -> Iterator[str]:
+    yield "["
+    for i, item in enumerate(items):
+        yield ("," if i else "") + item
+    yield "]"
+
+
+def _csv(rows: Iterator[dict], columns: list[str]) -> Iterator[str]:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, columns, extrasaction="ignore")
+    writer.writeheader()
+    for i, row in enumerate(rows):
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+        if i % 500 == 499:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+def _cell(v: Any) -> Any:
+    """A spreadsheet runs a cell that starts with = + - @ as a formula: quote model text."""
+    if isinstance(v, str) and len(v) > 1 and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + v
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return v
+
+
+# ---- the web UI's search page -----------------------------------------------------------
+
+
+@router.get("/runs/{run_id}/steps", include_in_schema=False)
+def steps_page(
+    request: Request,
+    run_id: RunId,
+    db: Db,
+    me: User,
+    f: Filter,
+    page: Annotated[int, Query(ge=1, le=search.MAX_OFFSET // PAGE_SIZE + 1)] = 1,
+) -> HTMLResponse:
+    """Search a run's steps; every result opens its step page; the URL is the permalink."""
+    try:
+        run = service.get_run(db, me, run_id)
+    except service.NotFound:
+        return _not_found(request, me, f"run {run_id}")
+    rows, total, capped = search.search_steps(db, run, f, PAGE_SIZE, (page - 1) * PAGE_SIZE)
+    query = urlencode(f.query_string())
+    return render(
+        request,
+        "steps.html",
+        me,
+        run=run,
+        f=f,
+        hits=_hits(db, rows),
+        verdicts=("corrected", "correct", "failed", "pending", "none"),
+        pager={
+            "page": page,
+            # Counting stopped: the pager offers the next page while there is one.
+            "last": page + 1 if capped else max(1, math.ceil(total / PAGE_SIZE)),
+            "total": total,
+        },
+        capped=capped,
+        query=query,
+    )
