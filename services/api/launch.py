@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from services.corrector.service import ORACLE, usable_by
 from shared.db.models import Corrector, Run
 from shared.paths import CHECKPOINT_NOT_FOUND, MODEL_NOT_FOUND, confined, run_of_checkpoint
-from shared.schemas import RunConfig
+from shared.schemas import SELF_TEACHER, RunConfig
 from shared.settings import Settings, get_settings
 
 
@@ -32,7 +32,9 @@ def check_launch(
     allowed", so nothing here tells a team what exists outside its reach."""
     settings = settings or get_settings()
     name = config.corrector.name
-    if name != ORACLE:
+    # Built in, or inline in the run's [corrector] (egress policy and key prefix still apply).
+    registered = name not in (ORACLE, SELF_TEACHER) and config.corrector.kind is None
+    if registered and config.uses_corrector:
         row = session.scalar(select(Corrector).where(Corrector.name == name))
         if row is None or not usable_by(row, team):
             raise InvalidField(

@@ -18,7 +18,7 @@ from shared.db.models import (
     Step,
     Update,
 )
-from shared.schemas import RunConfig
+from shared.schemas import SELF_TEACHER, RunConfig
 
 
 class NotFound(LookupError):
@@ -41,7 +41,9 @@ def check_corrector(session: Session, config: RunConfig) -> None:
     """A run naming a corrector nobody registered would train without corrections (every call
     failing): refuse it at launch instead."""
     name = config.corrector.name
-    if config.algorithm == "rl4vlm" or name == "oracle":
+    # Built in (oracle, the self-teacher) or defined inline in the run's [corrector]: no lookup.
+    builtin = name in ("oracle", SELF_TEACHER) or config.corrector.kind is not None
+    if not config.uses_corrector or builtin:
         return
     from shared.db.models import Corrector
 

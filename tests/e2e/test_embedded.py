@@ -15,10 +15,12 @@ from tests.e2e.helpers import ROOT, counts, tiny_config
 pytestmark = pytest.mark.slow
 
 
-def _train(config, tmp_path, timeout: float = 60) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
-    """`gtr train CONFIG` with no GTR_ settings but a data folder: the embedded default."""
+def _train(config, tmp_path, timeout: float = 60, **settings: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+    """`gtr train CONFIG` with no GTR_ settings but a data folder (and `settings`): the
+    embedded default."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env["GTR_DATA_DIR"] = str(tmp_path / "gtr-data")
+    env |= settings
     return subprocess.run(
         [sys.executable, "-m", "services.cli", "train", str(config)],
         cwd=ROOT,

@@ -30,7 +30,9 @@ def test_a_run_whose_corrector_always_fails_reports_it(tmp_path, warm_checkpoint
     cfg = cfg.replace("wait_timeout_s = 60\n", "wait_timeout_s = 60\n" + inline)
     (tmp_path / "run.toml").write_text(cfg)
     try:
-        proc = _train(tmp_path / "run.toml", tmp_path, timeout=600)
+        # The fake server is on loopback, which corrector calls refuse unless allowed.
+        allow = {"GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS": "true"}
+        proc = _train(tmp_path / "run.toml", tmp_path, timeout=600, **allow)
     finally:
         fake.server.shutdown()
         fake.server.server_close()

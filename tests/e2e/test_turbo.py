@@ -81,7 +81,11 @@ def test_gtr_grpo_with_the_self_teacher_and_gtr_turbo_kl(
                 assert len(pairs) >= 2 and all(x == y for x, y in pairs)
             assert starts[(u, 0)] != starts[(u, 2)]
         rows = s.scalars(select(Correction).where(Correction.run_id == run_id)).all()
-        assert rows and {r.corrector for r in rows} == {"self_teacher"}
+        assert rows and {r.corrector for r in rows} == {"self_teacher"}, [
+            (r.corrector, r.status, r.error, r.update_idx, r.step_id)
+            for r in rows
+            if r.corrector != "self_teacher"
+        ][:5]
         done = [r for r in rows if r.status == "done"]
         assert done and all(r.tokens == 0 for r in done)
         ckpt0 = s.scalar(

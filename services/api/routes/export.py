@@ -18,7 +18,16 @@ from services.controller.export import ExportFilter, jsonl_lines, records, write
 router = APIRouter(prefix="/api", tags=["export"])
 
 
-@router.get("/runs/{run_id}/export", response_model=None)
+@router.get(
+    "/runs/{run_id}/export",
+    response_model=None,
+    responses={
+        200: {
+            "description": "JSON lines (format=jsonl) or a Parquet file (format=parquet)",
+            "content": {"application/x-ndjson": {}, "application/vnd.apache.parquet": {}},
+        }
+    },
+)
 def export_run(
     run_id: RunId,
     db: Db,

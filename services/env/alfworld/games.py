@@ -27,12 +27,12 @@ SUBTASKS: dict[str, str] = {
 }
 
 HOW_TO_GET_GAMES = (
-    "ALFWorld needs games: set env.options.games to a folder (or list of folders) holding "
-    "<task>/trial_*/{game.tw-pddl,traj_data.json}. Full data set: `pip install 'gtr-lab[alfworld]' "
-    "&& export ALFWORLD_DATA=~/alfworld && alfworld-download` then games = "
+    # The pointer to the docs first: services cut long error texts to a short excerpt.
+    "ALFWorld needs games (docs/alfworld.md): set env.options.games to a folder (or list of "
+    "folders) holding <task>/trial_*/{game.tw-pddl,traj_data.json}. Full data set: `pip install "
+    "'gtr-lab[alfworld]' && export ALFWORLD_DATA=~/alfworld && alfworld-download` then games = "
     "'$ALFWORLD_DATA/json_2.1.1/train'; offline: `gtr alfworld make-games OUT --n 20` "
-    "(synthetic, never an ALFWorld score). To play: `gtr env play alfworld --games DIR --expert`. "
-    "See docs/alfworld.md."
+    "(synthetic, never an ALFWorld score). To play: `gtr env play alfworld --games DIR --expert`."
 )
 
 

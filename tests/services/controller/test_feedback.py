@@ -68,18 +68,16 @@ def test_the_run_driver_applies_feedback_to_its_episodes(pg_url: str) -> None:
     gens = [Generation(json.dumps(o), [], [], 0.0, [], [], [], True, True) for o in outputs]
     results = pool.step_batch([(sid, g.text) for sid, g in zip(driver.sessions, gens, strict=True)])
     ro = _Rollout()
-    with session_scope() as s:
-        for e, (g, r) in enumerate(zip(gens, results, strict=True)):
-            step = driver._record(s, 0, e, e, g, r)
-            ro.step_ids.append(step.id)
-            ro.rewards.append(float(r.reward))
-            ro.dones.append(bool(r.done))
+    prompts = [o.prompt for o in driver.obs]
+    # The rollout's own path: the step's records, written as the recorder thread writes them.
+    records = driver._step_records(ro, 0, 0, prompts, gens, results)
+    ro.step_ids, _ = driver._write_step(0, 0, records)
     with session_scope() as s:
         for sid in ro.step_ids:
             record_correction(s, sid, "oracle", OracleCorrector())
     driver.obs = [r.observation for r in results]
     old_obs0 = driver.obs[0]
-    driver._feedback(ro, 0, 0)
+    driver._feedback(ro, 0, 0, ro.step_ids)
     assert ro.rewards == [-1.0, 0.0] and ro.dones == [True, False]
     with session_scope() as s:
         steps = s.scalars(select(Step).where(Step.run_id == run_id).order_by(Step.id)).all()
