@@ -29,6 +29,13 @@ Reader = Annotated[ApiToken, Depends(require_read)]
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 Filter = Annotated[search.StepFilter, Query()]
 Format = Literal["csv", "json"]
+# A download: CSV (format=csv) or JSON (format=json), documented for clients and schemathesis.
+DOWNLOAD: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The rows as CSV (format=csv) or JSON (format=json)",
+        "content": {"text/csv": {}, "application/json": {}},
+    }
+}
 
 
 class StepHit(BaseModel):
@@ -84,7 +91,7 @@ def search_steps(
     return StepPage(items=_hits(db, rows), total=total, limit=limit, offset=offset, capped=capped)
 
 
-@router.get("/api/runs/{run_id}/steps/export", tags=["runs"])
+@router.get("/api/runs/{run_id}/steps/export", tags=["runs"], responses=DOWNLOAD)
 def export_steps(
     run_id: RunId, db: Db, token: Reader, f: Filter, format: Format = "csv"
 ) -> Response:
@@ -95,7 +102,7 @@ def export_steps(
     return _download(iter(rows), search.EXPORT_COLUMNS, format, f"run-{run.id}-steps")
 
 
-@router.get("/api/runs/{run_id}/updates/export", tags=["runs"])
+@router.get("/api/runs/{run_id}/updates/export", tags=["runs"], responses=DOWNLOAD)
 def export_updates(run_id: RunId, db: Db, token: Reader, format: Format = "csv") -> Response:
     """Every update's metrics as CSV (one column per metric) or JSON."""
     run = service.get_run(db, token, run_id)
