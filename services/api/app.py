@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm.exc import StaleDataError
 
-from services.api.launch import InvalidField
 from services.api.middleware import BodyLimit, RateLimit, SecurityHeaders
 from services.api.prom import api_registry
 from services.api.routes import routers
@@ -87,11 +86,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # Name each field and the reason; never echo the (possibly huge) input back.
         return JSONResponse({"detail": validation_detail(exc)}, status_code=422)
-
-    @app.exception_handler(InvalidField)
-    async def not_allowed(_: Request, exc: InvalidField) -> JSONResponse:
-        detail = [{"loc": ["body", *exc.loc], "msg": exc.msg, "type": "value_error"}]
-        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(StaleDataError)
     async def raced(_: Request, exc: StaleDataError) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""What a run config may name, checked at launch against the launching team: its corrector,
-its base model and its starting checkpoint. Each refusal is a 422 naming the field."""
+"""What a run config may name, checked at launch against the launching team: its base model and
+its starting checkpoint (its corrector: ``service.check_corrector``). Each refusal is a 422
+naming the field."""
 
 from __future__ import annotations
 
@@ -9,45 +10,25 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.corrector.service import ORACLE, usable_by
-from shared.db.models import Corrector, Run
+from services.api.service import Invalid
+from shared.db.models import Run
 from shared.paths import CHECKPOINT_NOT_FOUND, MODEL_NOT_FOUND, confined, run_of_checkpoint
-from shared.schemas import SELF_TEACHER, RunConfig
+from shared.schemas import RunConfig
 from shared.settings import Settings, get_settings
-
-
-class InvalidField(ValueError):
-    """A field of the request body that names something the caller may not use (422)."""
-
-    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
-        super().__init__(msg)
-        self.loc = loc
-        self.msg = msg
 
 
 def check_launch(
     session: Session, config: RunConfig, team: str, settings: Settings | None = None
 ) -> RunConfig:
-    """The config with its paths resolved, or InvalidField. One message for "absent" and "not
+    """The config with its paths resolved, or Invalid. One message for "absent" and "not
     allowed", so nothing here tells a team what exists outside its reach."""
     settings = settings or get_settings()
-    name = config.corrector.name
-    # Built in, or inline in the run's [corrector] (egress policy and key prefix still apply).
-    registered = name not in (ORACLE, SELF_TEACHER) and config.corrector.kind is None
-    if registered and config.uses_corrector:
-        row = session.scalar(select(Corrector).where(Corrector.name == name))
-        if row is None or not usable_by(row, team):
-            raise InvalidField(
-                ("corrector", "name"),
-                f"no corrector named '{name}' is available to team '{team}' "
-                "(register one for the team, or ask an admin to mark it shared)",
-            )
     updates: dict[str, Any] = {}
     if config.model.path:
         roots = [settings.models_path, *settings.model_roots]
         path = confined(config.model.path, roots, "config.json")
         if path is None:
-            raise InvalidField(("model", "path"), MODEL_NOT_FOUND)
+            raise Invalid(("model", "path"), MODEL_NOT_FOUND)
         updates["model"] = config.model.model_copy(update={"path": str(path)})
     if config.init.kind == "checkpoint" and config.init.checkpoint:
         path = _checkpoint(session, config.init.checkpoint, team, settings)
@@ -65,4 +46,4 @@ def _checkpoint(session: Session, text: str, team: str, settings: Settings) -> P
         owner = session.scalar(select(Run.team).where(Run.id == run_id)) if run_id else None
         if run_id is None or owner == team:
             return path
-    raise InvalidField(("init", "checkpoint"), CHECKPOINT_NOT_FOUND)
+    raise Invalid(("init", "checkpoint"), CHECKPOINT_NOT_FOUND)

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from services.corrector.service import ORACLE, usable_by
 from shared.db.models import (
     TERMINAL_STATUSES,
     ApiToken,
@@ -30,27 +31,31 @@ class Conflict(RuntimeError):
 
 
 class Invalid(ValueError):
-    """A value that passed the schema but names something that does not exist (-> 422)."""
+    """A value that passed the schema but names something absent or not the caller's (-> 422)."""
 
     def __init__(self, loc: tuple[str, ...], msg: str) -> None:
         super().__init__(f"{'.'.join(loc)}: {msg}")
         self.loc, self.msg = loc, msg
 
 
-def check_corrector(session: Session, config: RunConfig) -> None:
-    """A run naming a corrector nobody registered would train without corrections (every call
-    failing): refuse it at launch instead."""
+def check_corrector(session: Session, config: RunConfig, team: str) -> None:
+    """A run naming a corrector its team cannot use would train without corrections (every
+    call failing): refuse it at launch. One message for "absent" and "another team's", so
+    nothing here tells a team what exists outside its reach."""
     name = config.corrector.name
-    # Built in (oracle, the self-teacher) or defined inline in the run's [corrector]: no lookup.
-    builtin = name in ("oracle", SELF_TEACHER) or config.corrector.kind is not None
-    if not config.uses_corrector or builtin:
+    # Built in (oracle, the self-teacher) or inline in the run's [corrector]: nothing to look up
+    # (an inline one still meets the egress policy and the key prefix when it is called).
+    if not config.uses_corrector or name in (ORACLE, SELF_TEACHER) or config.corrector.kind:
         return
     from shared.db.models import Corrector
 
-    if session.scalar(select(Corrector.id).where(Corrector.name == name)) is None:
+    row = session.scalar(select(Corrector).where(Corrector.name == name))
+    if row is None or not usable_by(row, team):
         raise Invalid(
             ("corrector", "name"),
-            f"no corrector named '{name}' is registered (see /correctors, or use 'oracle')",
+            f"no corrector named '{name}' is available to team '{team}' (register one with "
+            "`gtr corrector add` or POST /api/correctors, ask an admin to mark one shared, "
+            "or use 'oracle')",
         )
 
 
@@ -61,7 +66,7 @@ def visible_runs(token: ApiToken):  # type: ignore[no-untyped-def]
 
 
 def create_run(session: Session, config: RunConfig, team: str) -> Run:
-    check_corrector(session, config)
+    check_corrector(session, config, team)
     run = Run(
         name=config.name,
         team=team,

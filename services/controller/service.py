@@ -377,13 +377,13 @@ class RunDriver:
                 with clock("record"):
                     records = self._step_records(ro, u, t, prompts, gens, results)
                     writer.submit(self._write_step, u, t, records)
+                self.obs = [r.observation for r in results]
                 if self.cfg.corrector.wait == "step" and self._correcting:
                     with clock("record_wait"):
                         ids = writer.results()[-1][0]
                     self._settle([i for i, r in zip(ids, records, strict=True) if r.correct])
-                self.obs = [r.observation for r in results]
-                if self.cfg.corrector.feedback and self.cfg.corrector.wait == "step":
-                    self._feedback(ro, u, len(ro.rewards) - len(ids), ids)
+                    if self.cfg.corrector.feedback:  # the verdicts are in: act on them
+                        self._feedback(ro, u, len(ro.rewards) - len(ids), ids)
             with clock("record_wait"):  # what the recorder thread had not written yet
                 for ids, shas in writer.results():
                     ro.step_ids += ids

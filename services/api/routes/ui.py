@@ -21,7 +21,7 @@ from services.api import service
 from services.api.auth import COOKIE_NAME, lookup_token, raw_token
 from services.api.deps import get_db
 from services.api.diff import readable, word_diff  # noqa: F401 - readable: tests import it here
-from services.api.launch import InvalidField, check_launch
+from services.api.launch import check_launch
 from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken
 from shared.schemas import RunConfig
 
@@ -217,15 +217,10 @@ def launch(
     """Launch a run from a pasted or uploaded config."""
     _writer(request, me)
     parsed, errors = parse_config(config)
-    if parsed is not None:
-        try:
-            parsed = check_launch(db, parsed, me.team)
-        except InvalidField as e:
-            parsed, errors = None, [f"{'.'.join(e.loc)}: {e.msg}"]
     if parsed is None:
         return _runs(request, db, me, None, 1, 422, errors=errors, config_text=config)
     try:
-        run = service.create_run(db, parsed, me.team)
+        run = service.create_run(db, check_launch(db, parsed, me.team), me.team)
     except service.Invalid as e:
         return _runs(request, db, me, None, 1, 422, errors=[str(e)], config_text=config)
     db.commit()
