@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import httpx
-import openai
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.corrector import prompts
@@ -215,6 +214,10 @@ class OpenAICorrector(_Remote):
         # What the endpoint accepts, learnt from its refusals (400/422) and kept from then on.
         self._tools_ok = self.params.tools
         self._level = _FIRST_LEVEL[self.params.structured] if self.params.json_mode else 3
+        # Imported here: the SDK costs seconds at every start of ``gtr train`` and the API,
+        # which load this module for the oracle and the launch checks too.
+        import openai
+
         self.client = openai.OpenAI(
             api_key=api_key or "not-needed",
             base_url=self.base_url,
@@ -373,6 +376,8 @@ class OpenAICorrector(_Remote):
             ) from e
 
     def _send(self, kwargs: dict[str, Any]) -> Any:
+        import openai  # already loaded by __init__
+
         try:
             return self.client.chat.completions.create(**kwargs)
         except openai.APITimeoutError as e:

@@ -8,17 +8,22 @@ sizes are fractions of the canvas side S, so a 64 px frame keeps big, legible di
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import threading
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-FONT_DIR = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+# matplotlib's own data folder (what ``matplotlib.get_data_path()`` returns), found without
+# importing matplotlib: that import costs a second at every env service and ``gtr train`` start.
+_MPL = importlib.util.find_spec("matplotlib")
+if _MPL is None or not _MPL.submodule_search_locations:
+    raise ImportError("the renderers need matplotlib installed: it ships their fonts")
+FONT_DIR = Path(_MPL.submodule_search_locations[0]) / "mpl-data" / "fonts" / "ttf"
 FELT = (53, 101, 77)  # the reference's table green, #35654d
 WHITE = (255, 255, 255)
 BLACK = (0, 0, 0)

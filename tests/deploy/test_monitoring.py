@@ -48,7 +48,8 @@ def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def test_servicemonitor_scrapes_the_services_that_serve_metrics() -> None:
     kust = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
-    (monitor,) = [d for r in kust["resources"] for d in load_documents(MONITORING / r)]
+    docs = [d for r in kust["resources"] for d in load_documents(MONITORING / r)]
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert (monitor["apiVersion"], monitor["kind"]) == (
         "monitoring.coreos.com/v1",
         "ServiceMonitor",

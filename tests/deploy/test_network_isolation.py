@@ -1,16 +1,20 @@
 """Who can reach the env and policy services (issue #16): in compose only the controller and the
-workers share their internal network; in Kubernetes a NetworkPolicy admits only those pods; and
-every process of both deployments carries the service token those services require."""
+workers share their internal network; in Kubernetes a NetworkPolicy admits only those pods (and,
+with k8s/monitoring applied, Prometheus on the metrics port); and every process of both
+deployments carries the service token those services require."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.deploy.kustomize import Resource
+from tests.deploy.kustomize import Resource, load_documents
 from tests.deploy.manifests import (
+    K8S,
     compose_config,
     compose_processes,
     compose_variables,
@@ -51,37 +55,165 @@ def _selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    ports: dict[str, int]  # container port name -> number
+
+    def namespace_labels(self) -> dict[str, str]:
+        return {"kubernetes.io/metadata.name": self.namespace}  # set by Kubernetes itself
+
+
+# Prometheus as k8s/monitoring/network-policy.yaml describes it (kube-prometheus-stack's pods),
+# and two look-alikes that must stay out: another pod of its namespace, Prometheus elsewhere.
+PROMETHEUS = Pod(
+    "prometheus",
+    "monitoring",
+    {"app.kubernetes.io/name": "prometheus", "prometheus": "kube-prometheus-stack-prometheus"},
+    {},
+)
+OUTSIDERS = [
+    Pod("grafana", "monitoring", {"app.kubernetes.io/name": "grafana"}, {}),
+    Pod("prometheus-elsewhere", "default", PROMETHEUS.labels, {}),
+]
+
+
+def _pods(resources: list[Resource]) -> list[Pod]:
+    out = []
+    for r in resources:
+        if r["kind"] not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        ports = {
+            port["name"]: port["containerPort"]
+            for c in r["spec"]["template"]["spec"]["containers"]
+            for port in c.get("ports") or []
+        }
+        labels = r["spec"]["template"]["metadata"]["labels"]
+        out.append(Pod(r["metadata"]["name"], r["metadata"]["namespace"], labels, ports))
+    return out
+
+
+def _peer_admits(peer: dict[str, Any], policy_ns: str, client: Pod) -> bool:
+    """NetworkPolicy peer semantics: podSelector alone means the policy's own namespace."""
+    assert "ipBlock" not in peer, peer
+    if "namespaceSelector" in peer:
+        if not _selected(peer["namespaceSelector"], client.namespace_labels()):
+            return False
+    elif client.namespace != policy_ns:
+        return False
+    return _selected(peer.get("podSelector") or {}, client.labels)
+
+
+def _port_admits(rule: dict[str, Any], target: Pod, port: int) -> bool:
+    if not rule.get("ports"):
+        return True
+    for p in rule["ports"]:
+        assert p.get("protocol", "TCP") == "TCP", p
+        if p["port"] == port or target.ports.get(str(p["port"])) == port:
+            return True
+    return False
+
+
+def _admitted_ports(policies: list[dict[str, Any]], target: Pod, client: Pod) -> set[int]:
+    """The ports of ``target`` (its declared ones, and one it does not serve) that ``client``
+    may connect to; every port while no policy isolates ``target`` for ingress."""
+    ports = {*target.ports.values(), 9}  # 9: discard, a port no container serves
+    isolating = [
+        p
+        for p in policies
+        if p["metadata"].get("namespace", target.namespace) == target.namespace
+        and "Ingress" in p["spec"]["policyTypes"]
+        and _selected(p["spec"]["podSelector"], target.labels)
+    ]
+    if not isolating:
+        return ports
+    return {
+        port
+        for p in isolating
+        for rule in p["spec"].get("ingress") or []
+        if any(_peer_admits(peer, target.namespace, client) for peer in rule.get("from") or [{}])
+        for port in ports
+        if _port_admits(rule, target, port)
+    }
+
+
+def _monitoring() -> list[Resource]:
+    """k8s/monitoring's resources; `kubectl apply -k k8s/monitoring -n NS` puts them in NS."""
+    kust = yaml.safe_load((K8S / "monitoring" / "kustomization.yaml").read_text())
+    return [d for r in kust["resources"] for d in load_documents(K8S / "monitoring" / r)]
+
+
 @pytest.mark.parametrize("overlay", ["dev", "gpu"])
+@pytest.mark.parametrize("monitoring", [False, True])
 def test_k8s_network_policy_admits_only_the_controller_and_workers(
+    overlay: str, monitoring: bool, tmp_path: Path
+) -> None:
+    """Who may connect to which pod on which port, with and without k8s/monitoring applied."""
+    resources = render_overlay(overlay, tmp_path)
+    pods = _pods(resources)
+    (namespace,) = {p.namespace for p in pods}
+    extra = _monitoring() if monitoring else []
+    policies = _policies(resources) + [
+        {**p, "metadata": {**p["metadata"], "namespace": namespace}} for p in _policies(extra)
+    ]
+    component = {p.name: p.labels.get(COMPONENT, "datastore") for p in pods}
+    for target in pods:
+        admitted = {
+            (component[c.name], port) for c in pods for port in _admitted_ports(policies, target, c)
+        }
+        scrapers = {
+            (c.name, port)
+            for c in [PROMETHEUS, *OUTSIDERS]
+            for port in _admitted_ports(policies, target, c)
+        }
+        role = component[target.name]
+        http = target.ports.get("http")
+        if role in INTERNAL:
+            assert admitted == {(c, http) for c in CLIENTS - {"trainer-gpu", "prometheus"}}, (
+                target.name,
+                admitted,
+            )
+            # Prometheus on the metrics port only, and only once k8s/monitoring is applied.
+            assert scrapers == ({("prometheus", http)} if monitoring else set()), scrapers
+        elif role in ("controller", "trainer", "corrector", "migrate"):  # serve nothing
+            assert not admitted and not scrapers, (target.name, admitted, scrapers)
+
+
+@pytest.mark.parametrize("overlay", ["dev", "gpu"])
+def test_k8s_prometheus_may_scrape_every_service_its_servicemonitor_names(
     overlay: str, tmp_path: Path
 ) -> None:
     resources = render_overlay(overlay, tmp_path)
-    templates = [
-        r["spec"]["template"]["metadata"]["labels"]
-        for r in resources
-        if r["kind"] in ("Deployment", "StatefulSet", "Job")
+    pods = _pods(resources)
+    extra = _monitoring()
+    (monitor,) = [d for d in extra if d["kind"] == "ServiceMonitor"]
+    policies = _policies(resources) + [
+        {**p, "metadata": {**p["metadata"], "namespace": pods[0].namespace}}
+        for p in _policies(extra)
     ]
-    pods = {labels.get(COMPONENT, "datastore"): labels for labels in templates}
-    for component in INTERNAL:
-        rules = [
-            p for p in _policies(resources) if _selected(p["spec"]["podSelector"], pods[component])
+    (endpoint,) = monitor["spec"]["endpoints"]
+    scraped = [
+        s
+        for s in resources
+        if s["kind"] == "Service"
+        and _selected(monitor["spec"]["selector"], s["metadata"]["labels"])
+    ]
+    assert {s["metadata"]["name"] for s in scraped} == {"gtr-api", "gtr-env", "gtr-policy"}
+    for svc in scraped:
+        (port,) = [p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]]
+        backends = [
+            p for p in pods if _selected({"matchLabels": svc["spec"]["selector"]}, p.labels)
         ]
-        assert rules and all("Ingress" in p["spec"]["policyTypes"] for p in rules), component
-        allowed = {
-            name
-            for p in rules
-            for rule in p["spec"].get("ingress", [])
-            for peer in rule["from"]
-            for name, labels in pods.items()
-            if _selected(peer["podSelector"], labels)
-        }
-        # k8s: the ServiceMonitor's Prometheus is not admitted yet (a note on issue 20).
-        assert allowed == CLIENTS - {"trainer-gpu", "prometheus"}, (component, allowed)
-    for component in ("controller", "trainer", "corrector"):  # serve nothing: no ingress
-        rules = [
-            p for p in _policies(resources) if _selected(p["spec"]["podSelector"], pods[component])
-        ]
-        assert rules and not any(p["spec"].get("ingress") for p in rules), component
+        assert backends, svc["metadata"]["name"]
+        for pod in backends:
+            target = (
+                pod.ports[port["targetPort"]]
+                if isinstance(port["targetPort"], str)
+                else (port["targetPort"])
+            )
+            assert target in _admitted_ports(policies, pod, PROMETHEUS), (pod.name, target)
 
 
 def test_every_process_of_both_deployments_has_the_service_token(tmp_path: Path) -> None:
