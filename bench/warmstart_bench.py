@@ -8,6 +8,10 @@ stores it in the cache; the second finds it there.
     python bench/warmstart_bench.py [--config configs/numberline-tiny.toml] [--data DIR]
     python bench/warmstart_bench.py --in-process ...
 
+After the two launches the bench times a bare ``python`` that only imports torch and
+transformers' LLaVA model: the floor under any ``gtr train`` process's first rollout, whatever
+the cache does (the policy generates in the process).
+
 ``--in-process`` measures what a long-lived controller sees (the full stack, or ``gtr up``): both
 runs are driven in this one process, whose imports (torch, transformers) are paid before either
 starts; the clock runs from ``drive(run)`` to the run's first step, then the run is cancelled.
@@ -68,6 +72,19 @@ def first_rollout_s(config: Path, data: Path, timeout_s: float) -> tuple[float, 
         proc.wait(30)
 
 
+IMPORT_FLOOR = (
+    "import torch; from transformers import AutoModelForImageTextToText;"
+    " from transformers.models.llava import modeling_llava"
+)
+
+
+def import_floor_s() -> float:
+    """Seconds a fresh process takes to import what generation needs (torch, transformers)."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", IMPORT_FLOOR], cwd=ROOT, check=True)
+    return time.monotonic() - started
+
+
 def _latest_run(db: Path) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
         return int(conn.execute("SELECT MAX(id) FROM runs").fetchone()[0] or 0)
@@ -126,13 +143,21 @@ def main() -> None:
     ap.add_argument("--in-process", action="store_true", help="a long-lived controller's view")
     args = ap.parse_args()
     data = args.data or Path(tempfile.mkdtemp(prefix="gtr-warmbench-"))
+    print(f"load average at the start {os.getloadavg()[0]:.1f}")
+    floor = None
     if args.in_process:
         (first, info1), (second, info2) = in_process(args.config, data)
     else:
         first, info1 = first_rollout_s(args.config, data, args.timeout)
         second, info2 = first_rollout_s(args.config, data, args.timeout)
+        floor = import_floor_s()
     print(f"first run:  first rollout after {first:7.1f} s  warm start {info1.get('warm_start')}")
     print(f"second run: first rollout after {second:7.1f} s  warm start {info2.get('warm_start')}")
+    if floor is not None:
+        print(
+            f"floor: a bare process importing torch + transformers' LLaVA takes {floor:.1f} s"
+            f" (the most a new process could reach: {first / floor:.1f}x)"
+        )
     assert info2["warm_start"]["reused"], "the second run did not reuse the warm start"
     print(f"speed-up: {first / second:.1f}x  (load average {os.getloadavg()[0]:.1f})")
 

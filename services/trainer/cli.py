@@ -48,7 +48,12 @@ def sft(config: Path, out: Path, eval_episodes: int, dataset: Path | None) -> No
         from services.trainer.sft_data import dataset_samples
         from services.trainer.warmstart import greedy_eval, sft_warmup
 
-        samples = dataset_samples(dataset)
+        try:
+            samples = dataset_samples(dataset)
+        except (ValueError, KeyError, OSError) as e:  # not JSON lines, no prompt column, ...
+            raise click.ClickException(
+                f"{dataset} is not a dataset written by 'gtr export' ({type(e).__name__}: {e})"
+            ) from None
         if not samples:
             raise click.ClickException(f"{dataset} has no corrected or agreed step with a frame")
         policy, summary = init_policy(cfg, out / "base")  # the config's own init first

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -193,6 +194,8 @@ def test_k8s_prometheus_may_scrape_every_service_its_servicemonitor_names(
         {**p, "metadata": {**p["metadata"], "namespace": pods[0].namespace}}
         for p in _policies(extra)
     ]
+    for policy in _policies(extra):  # the ServiceMonitor is a CRD: test_monitoring reads it
+        kubernetes_validate.validate(policy, "1.30.0", strict=True)
     (endpoint,) = monitor["spec"]["endpoints"]
     scraped = [
         s

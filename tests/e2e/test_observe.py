@@ -1,6 +1,7 @@
 """Where labs look: one short real run feeds TensorBoard, W&B (offline) and MLflow at once; each
 is read back with its own library's reader. The same run is exported (REST jsonl, `gtr export`
-hf/parquet) and scraped through the API's Prometheus `/metrics`."""
+hf/parquet), trained on (`gtr sft --dataset`) and scraped through the API's Prometheus
+`/metrics`."""
 
 from __future__ import annotations
 
@@ -283,6 +284,47 @@ def test_gtr_export_writes_an_hf_dataset_with_image_features(tracked_run, tmp_pa
     missing = cli.invoke(main, ["export", "999999", str(tmp_path / "x.jsonl")])
     assert missing.exit_code == 1 and "does not exist" in missing.output
     assert not (tmp_path / "x.jsonl").exists() or (tmp_path / "x.jsonl").stat().st_size == 0
+
+
+def test_gtr_sft_trains_on_an_exported_dataset(tracked_run, warm_checkpoint, tmp_path) -> None:
+    """Close the loop: one run's corrections, exported, are the SFT data of the next warm start."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from services.cli import main
+    from services.policy.checkpoint import FULL, read_checkpoint_meta
+
+    want = _corrected_steps(tracked_run)
+    assert want, "the tracked run has no corrected step to train on"
+    harvest, out, cli = tmp_path / "harvest", tmp_path / "warm", CliRunner()
+    res = cli.invoke(
+        main, ["export", str(tracked_run), str(harvest), "--format", "hf", "--corrected"]
+    )
+    assert res.exit_code == 0, res.output
+    cfg = tmp_path / "next.toml"
+    cfg.write_text(
+        tiny_config(warm_checkpoint).replace(
+            f'checkpoint = "{warm_checkpoint}"',
+            f'checkpoint = "{warm_checkpoint}"\nsft_steps = 3\nbatch_size = 4',
+        )
+    )
+    args = ["sft", str(cfg), "--out", str(out), "--dataset", str(harvest), "--eval-episodes", "0"]
+    res = cli.invoke(main, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "warm_start.json").read_text())
+    assert summary["dataset/samples"] == len(want) and summary["sft/steps"] == 3
+    assert read_checkpoint_meta(out)["finetune"] == "full"  # a checkpoint the next run can name
+    before, after = load_file(str(warm_checkpoint / FULL)), load_file(str(out / FULL))
+    assert before.keys() == after.keys()
+    assert any(not before[k].equal(after[k]) for k in before), "SFT on the dataset changed nothing"
+    # Bad data sets are a message and a non-zero exit, never a trace.
+    none = tmp_path / "none.jsonl"
+    res = cli.invoke(main, ["export", str(tracked_run), str(none), "--update-from", "99"])
+    assert res.exit_code == 0 and none.read_text() == "", res.output
+    for bad, says in ((none, "no corrected or agreed step"), (cfg, "not a dataset written by")):
+        res = cli.invoke(main, [*args[:3], str(tmp_path / "again"), "--dataset", str(bad)])
+        assert res.exit_code == 1 and says in res.output, res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
 
 
 def test_summary_fits_80_columns_with_full_names_and_names_the_trackers(
