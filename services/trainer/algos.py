@@ -273,4 +273,3 @@ def thought_kl_penalty(
     """
     diff = (agent_logprobs - teacher_logprobs).clamp(0.0, clip)
     return masked_mean(diff, thought_mask, -1)
-
