@@ -129,7 +129,9 @@ def test_gtr_grpo_with_the_self_teacher_over_rest(stack: dict) -> None:
     changes = {
         "algorithm": "gtr_grpo",
         "env": {"max_episode_steps": 2},  # episodes end inside the rollout: complete groups
-        "train": {"group_size": 2},
+        # A small lr keeps update 1's policy writing JSON as the warm start does, so update 1
+        # has steps for the merged teacher to correct (at lr 1e-3 it sometimes had none).
+        "train": {"group_size": 2, "lr": 1e-5},
         "corrector": {"backend": "self_teacher"},
     }
     with process(["worker", "corrector"], stack["logs"] / "corrector-turbo.log", stack["env"]):
@@ -160,7 +162,8 @@ def test_gtr_grpo_with_the_self_teacher_over_rest(stack: dict) -> None:
     ).json()["items"]
     assert done and all(x["corrector"] == "self_teacher" and x["tokens"] == 0 for x in done)
     with session_scope() as s:
-        update_of = dict(s.execute(select(Step.id, Step.update_idx).where(Step.run_id == run_id)))
+        rows = s.execute(select(Step.id, Step.update_idx).where(Step.run_id == run_id))
+        update_of = {step_id: update_idx for step_id, update_idx in rows}
     # Update 0 is corrected by the warm start, update 1 by the merge of checkpoint 0.
     teachers = {update_of[x["step_id"]]: x["extras"]["teacher_checkpoint_ids"] for x in done}
     assert teachers == {0: [], 1: [ckpt0]}
