@@ -15,4 +15,3 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def test_preset_validates(path: Path) -> None:
     cfg = RunConfig.from_toml(path)
     assert cfg.name and cfg.task
-
