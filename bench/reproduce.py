@@ -66,7 +66,8 @@ TABLE = [
     ("explained_variance", "value expl. var.", "final"),
     ("run_minutes", "wall min/run", "final"),
     ("cpu_minutes", "CPU min/run", "final"),
-    ("corrector_calls", "corrector calls", "final"),
+    ("corrector_calls", "corrections", "final"),
+    ("corrector_api_calls", "corrector API calls", "final"),
     ("corrector_seconds", "corrector s", "final"),
 ]
 CURVES = [
@@ -383,15 +384,19 @@ def run_minutes(run_dir: Path) -> dict[str, float]:
 
 
 def corrector_cost(run_dir: Path) -> dict[str, float]:
-    """What the run's corrector cost: calls, tokens, seconds of latency (summed), and the CPU
-    minutes of the whole `gtr train` process (written by run_jobs when it ended)."""
+    """What the run's corrector cost: finished corrections (``corrector_calls``, the key older
+    studies wrote), requests sent to an endpoint (``corrector_api_calls``, retries included;
+    0 for the oracle and the self-teacher, which call nothing), tokens, seconds of latency
+    (summed), and the CPU minutes of the whole `gtr train` process (written by run_jobs)."""
     with sqlite3.connect(run_dir / "data" / "gtr.sqlite3") as con:
         calls, tokens, ms = con.execute(
             "SELECT count(*), coalesce(sum(tokens), 0), coalesce(sum(latency_ms), 0)"
             " FROM corrections WHERE status != 'pending'"
         ).fetchone()
+        (api_calls,) = con.execute("SELECT coalesce(sum(calls), 0) FROM corrector_spend").fetchone()
     out = {
         "corrector_calls": float(calls),
+        "corrector_api_calls": float(api_calls),
         "corrector_tokens": float(tokens),
         "corrector_seconds": ms / 1000,
     }

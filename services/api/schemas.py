@@ -21,6 +21,12 @@ class _Orm(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+class CorrectorCost(BaseModel):
+    calls: int  # requests sent to the corrector's endpoint, retries included
+    tokens: int  # tokens the endpoint billed
+    seconds: float  # summed latency of the finished corrections (a local corrector's cost)
+
+
 class RunOut(_Orm):
     id: int
     name: str
@@ -47,6 +53,7 @@ class RunOut(_Orm):
     phase_at: datetime | None = None
     elapsed_s: float | None = None
     eta_s: float | None = None
+    corrector_cost: CorrectorCost | None = None  # None: the run sends no step to a corrector
 
 
 class UpdateOut(_Orm):

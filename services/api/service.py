@@ -14,12 +14,13 @@ from shared.db.models import (
     ApiToken,
     Checkpoint,
     Correction,
+    CorrectorSpend,
     Episode,
     Run,
     Step,
     Update,
 )
-from shared.schemas import SELF_TEACHER, RunConfig
+from shared.schemas import NO_CORRECTOR_ALGORITHMS, SELF_TEACHER, RunConfig
 
 
 class NotFound(LookupError):
@@ -115,6 +116,29 @@ def latest_metrics(session: Session, run_id: int) -> dict[str, Any]:
     for row in reversed(rows):
         merged.update(row.metrics or {})
     return merged
+
+
+def sends_to_corrector(run: Run) -> bool:
+    """RunConfig.uses_corrector read from the stored config (no re-validation of old runs)."""
+    judge = float(((run.config or {}).get("train") or {}).get("judge_reward") or 0)
+    return run.algorithm not in NO_CORRECTOR_ALGORITHMS or judge > 0
+
+
+def corrector_cost(session: Session, run_id: int) -> dict[str, float]:
+    """What the run's corrections cost: calls sent to a corrector's endpoint (retries included)
+    and tokens billed, from the spend ledger, and the seconds the finished corrections took. A
+    local corrector (the oracle, the self-teacher) calls nothing: its cost is those seconds."""
+    spend = select(
+        func.coalesce(func.sum(CorrectorSpend.calls), 0),
+        func.coalesce(func.sum(CorrectorSpend.tokens), 0),
+    ).where(CorrectorSpend.run_id == run_id)
+    calls, tokens = session.execute(spend).one()
+    ms = session.scalar(
+        select(func.coalesce(func.sum(Correction.latency_ms), 0.0)).where(
+            Correction.run_id == run_id, Correction.status == "done"
+        )
+    )
+    return {"calls": int(calls), "tokens": int(tokens), "seconds": float(ms or 0) / 1000}
 
 
 def run_timing(run: Run) -> dict[str, float | None]:

@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import func, select
@@ -77,6 +79,18 @@ def tiny_config(
 ) -> str:
     """A tiny NumberLine run that starts from a warm-started checkpoint (it writes valid JSON)."""
     return TINY.format(checkpoint=checkpoint, envs=envs, steps=steps, updates=updates, wait=wait)
+
+
+def tiny_run(checkpoint: Path, changes: dict | None = None, **kw: Any) -> dict[str, Any]:
+    """``tiny_config`` as a dict, with ``changes``: a dict value updates that section, any other
+    value replaces the key (``algorithm="grpo"``, ``train={"group_size": 2}``)."""
+    cfg = tomllib.loads(tiny_config(checkpoint, **kw))
+    for key, value in (changes or {}).items():
+        if isinstance(value, dict):
+            cfg.setdefault(key, {}).update(value)
+        else:
+            cfg[key] = value
+    return cfg
 
 
 def counts(run_id: int, url: str | None = None) -> dict[str, int]:

@@ -18,11 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 from PIL import Image
+from sqlalchemy import select
 
 from services.api.auth import create_token
+from shared.db.models import Episode, Step
 from shared.db.session import session_scope
 from tests.conftest import free_port, need
-from tests.e2e.helpers import counts, process, tiny_config, wait_status
+from tests.e2e.helpers import counts, process, tiny_run, wait_status
 from tests.services.alfworld.conftest import SAMPLE
 
 pytestmark = pytest.mark.slow
@@ -91,8 +93,8 @@ def stack(full_stack: dict, warm_checkpoint: Path) -> dict:
     return {**full_stack, "checkpoint": warm_checkpoint}
 
 
-def _launch(stack: dict, **kw) -> int:  # type: ignore[no-untyped-def]
-    cfg = tomllib.loads(tiny_config(stack["checkpoint"], **kw))
+def _launch(stack: dict, changes: dict | None = None, **kw) -> int:  # type: ignore[no-untyped-def]
+    cfg = tiny_run(stack["checkpoint"], changes, **kw)
     r = httpx.post(
         f"{stack['urls']['api']}/api/runs", json=cfg, headers=stack["headers"], timeout=10
     )
@@ -118,6 +120,65 @@ def test_run_over_rest_completes_with_consistent_counts(stack: dict) -> None:
     assert [u["idx"] for u in updates] == [0, 1]
     for u in updates:
         assert {"losses/policy", "format_valid_rate", "probe_relevance"} <= set(u["metrics"])
+
+
+def test_gtr_grpo_with_the_self_teacher_over_rest(stack: dict) -> None:
+    """GTR-Turbo's SFT mode as a worker: the Celery corrector serves the run's merged checkpoints;
+    gtr_grpo's groups of 2 envs play one deal each through the env service."""
+    api, headers = stack["urls"]["api"], stack["headers"]
+    changes = {
+        "algorithm": "gtr_grpo",
+        "env": {"max_episode_steps": 2},  # episodes end inside the rollout: complete groups
+        # A small lr keeps update 1's policy writing JSON as the warm start does, so update 1
+        # has steps for the merged teacher to correct (at lr 1e-3 it sometimes had none).
+        "train": {"group_size": 2, "lr": 1e-5},
+        "corrector": {"backend": "self_teacher"},
+    }
+    with process(["worker", "corrector"], stack["logs"] / "corrector-turbo.log", stack["env"]):
+        run_id = _launch(stack, changes, envs=4, steps=2, updates=2)
+        run = wait_status(api, headers, run_id, ("completed", "failed"), 300)
+    assert run["status"] == "completed", run["error"]
+    c = counts(run_id)
+    assert c["steps"] == 4 * 2 * 2 and c["updates"] == 2 and c["pending"] == 0
+    for u in httpx.get(f"{api}/api/runs/{run_id}/updates", headers=headers).json()["items"]:
+        assert u["metrics"]["grpo/groups"] >= 2 and u["metrics"]["grpo/episodes"] >= 4
+    with session_scope() as s:  # a group's envs start the same deals, the other group others
+        firsts = s.execute(
+            select(Episode.update_idx, Episode.env_index, Step.state)
+            .join(Step, Step.episode_id == Episode.id)
+            .where(Episode.run_id == run_id, Step.idx == 0)
+            .order_by(Episode.id)
+        ).all()
+    for u in (0, 1):
+        first = {e: next(st for k, i, st in firsts if (k, i) == (u, e)) for e in range(4)}
+        assert first[0] == first[1] and first[2] == first[3] and first[0] != first[2]
+
+    ckpts = httpx.get(f"{api}/api/runs/{run_id}/checkpoints", headers=headers).json()["items"]
+    ckpt0 = next(x["id"] for x in ckpts if x["update_idx"] == 0)
+    done = httpx.get(
+        f"{api}/api/runs/{run_id}/corrections",
+        params={"status": "done", "limit": 500},
+        headers=headers,
+    ).json()["items"]
+    assert done and all(x["corrector"] == "self_teacher" and x["tokens"] == 0 for x in done)
+    with session_scope() as s:
+        rows = s.execute(select(Step.id, Step.update_idx).where(Step.run_id == run_id))
+        update_of = {step_id: update_idx for step_id, update_idx in rows}
+    # Update 0 is corrected by the warm start, update 1 by the merge of checkpoint 0.
+    teachers = {update_of[x["step_id"]]: x["extras"]["teacher_checkpoint_ids"] for x in done}
+    assert teachers == {0: [], 1: [ckpt0]}
+    for x in done:
+        assert x["extras"]["teacher_checkpoint_ids"] == teachers[update_of[x["step_id"]]]
+    late = next(x for x in done if update_of[x["step_id"]] == 1)
+    step = httpx.get(f"{api}/api/steps/{late['step_id']}", headers=headers).json()
+    assert [c["extras"]["teacher_checkpoint_ids"] for c in step["corrections"]] == [[ckpt0]]
+    page = httpx.get(f"{api}/runs/{run_id}/steps/{late['step_id']}", headers=headers)
+    assert f'data-teacher-checkpoints="{ckpt0}"' in page.text and "no API call" in page.text
+
+    cost = httpx.get(f"{api}/api/runs/{run_id}", headers=headers).json()["corrector_cost"]
+    assert cost["calls"] == 0 and cost["tokens"] == 0 and cost["seconds"] > 0
+    page = httpx.get(f"{api}/runs/{run_id}", headers=headers)
+    assert '<b data-field="corrector-calls">0 API calls</b>' in page.text
 
 
 def test_cancel_in_the_middle(stack: dict) -> None:

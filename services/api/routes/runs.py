@@ -14,6 +14,7 @@ from services.api.launch import check_launch
 from services.api.schemas import (
     CheckpointOut,
     CorrectionOut,
+    CorrectorCost,
     EpisodeOut,
     Page,
     RunOut,
@@ -44,6 +45,8 @@ def run_out(db: Session, run: Run) -> RunOut:
     out.latest_metrics = service.latest_metrics(db, run.id)
     timing = service.run_timing(run)
     out.elapsed_s, out.eta_s = timing["elapsed_s"], timing["eta_s"]
+    if service.sends_to_corrector(run):
+        out.corrector_cost = CorrectorCost(**service.corrector_cost(db, run.id))
     return out
 
 

@@ -281,6 +281,7 @@ def run_page(
         notice=notice,
         terminal=run.status in TERMINAL_STATUSES,
         config_toml=service.config_toml(run),
+        cost=service.corrector_cost(db, run.id) if service.sends_to_corrector(run) else None,
     )
 
 

@@ -206,3 +206,22 @@ def test_grpo_and_self_teacher_configs_over_rest(client: httpx.Client) -> None:
         r = client.post("/api/runs", json=body)
         assert r.status_code == 422 and words in r.text, r.text
     assert _count_runs() == before
+
+
+def test_corrector_cost_on_the_run_and_its_page(client: httpx.Client) -> None:
+    from services.corrector.spend import RunBudget
+    from shared.db.session import get_engine
+
+    run = client.post("/api/runs", json=CONFIG).json()
+    assert run["corrector_cost"] == {"calls": 0, "tokens": 0, "seconds": 0.0}
+    budget = RunBudget(get_engine(), run["id"], "gpt-4o", None, None)  # what a paid call writes
+    budget.charge_call()
+    budget.charge_call()
+    budget.add_tokens(1234)
+    assert client.get(f"/api/runs/{run['id']}").json()["corrector_cost"]["calls"] == 2
+    page = client.get(f"/runs/{run['id']}").text
+    assert '<b data-field="corrector-calls">2 API calls</b>' in page and "1234 tokens" in page
+    # A run that sends nothing to a corrector shows no cost at all.
+    plain = client.post("/api/runs", json={**CONFIG, "algorithm": "rl4vlm"}).json()
+    assert plain["corrector_cost"] is None
+    assert 'id="corrector-cost"' not in client.get(f"/runs/{plain['id']}").text
