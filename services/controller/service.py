@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -33,6 +33,7 @@ from services.controller.backends import (
     BROKER_ERRORS,
     Corrections,
     CorrectionSweep,
+    Envs,
     TrainerBackend,
     checkpoint_dir,
     settle_corrections,
@@ -54,6 +55,9 @@ from shared.phase import RunCancelled, cancel_requested, set_phase
 from shared.rollout import Rollout
 from shared.schemas import GROUP_ALGORITHMS
 from shared.storage import blob_store
+
+if TYPE_CHECKING:
+    from services.policy.protocol import RolloutPolicy
 
 log = logging.getLogger("gtr.controller")
 
@@ -116,8 +120,8 @@ class RunDriver:
     def __init__(
         self,
         run_id: int,
-        envs: Any,
-        policy: Any,
+        envs: Envs,
+        policy: RolloutPolicy,
         corrections: Corrections | None,
         trainer: TrainerBackend,
         on_progress: Callable[[Progress], None] | None = None,

@@ -273,16 +273,3 @@ def thought_kl_penalty(
     """
     diff = (agent_logprobs - teacher_logprobs).clamp(0.0, clip)
     return masked_mean(diff, thought_mask, -1)
-
-
-def reverse_kl(logp_agent: Tensor, logp_teacher: Tensor) -> Tensor:
-    """Exact per-position KL(π_a ‖ π_t) = Σ_v π_a(v)·(log π_a(v) − log π_t(v)): (B, L, V) → (B, L).
-
-    Entries where π_a(v) = 0 (suppressed tokens, log p = −inf in both) count as 0; they are
-    zeroed before the product so neither the value nor the gradient sees −inf − (−inf).
-    """
-    p = logp_agent.exp()
-    live = p > 0
-    a = torch.where(live, logp_agent, torch.zeros_like(logp_agent))
-    t = torch.where(live, logp_teacher, torch.zeros_like(logp_teacher))
-    return (p * (a - t)).sum(-1)
