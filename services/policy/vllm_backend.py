@@ -49,7 +49,7 @@ def served_for_checkpoint(
     if backend != "vllm":
         return policy
     served = VllmPolicy(policy)
-    served.load_weights(directory)  # points vLLM at the checkpoint's adapter
+    served.load_weights(directory)  # the HF weights again, and vLLM pointed at the adapter
     return served
 
 
