@@ -19,7 +19,7 @@ from shared.db.session import session_scope
 PHASES = ("warm_start", "rollout", "corrections", "training", "evaluating")
 
 # A warm start calls this every chunk of steps with (steps done, steps planned); set by the
-# trainer's init stage for its run (services/trainer/tasks.py), unset elsewhere.
+# trainer's init stage for its run (services/trainer/runs.py), unset elsewhere.
 warm_progress: ContextVar[Callable[[int, int], None] | None] = ContextVar(
     "warm_progress", default=None
 )

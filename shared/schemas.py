@@ -97,7 +97,11 @@ class ModelConfig(_Strict):
         description="Value head on the last prompt token: one Linear; the reference's MLP "
         "d-1024-512-1; that MLP also reading the mean of the image tokens' hidden states",
     )
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend; vllm needs a GPU")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Rollout sampling in a run's own process; vllm needs vllm and a GPU (a policy "
+        "service samples with its own `gtr policy serve --backend`)",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="auto = fp32 on CPU, bf16 on GPU"
     )

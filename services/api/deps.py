@@ -6,16 +6,9 @@ from collections.abc import Iterator
 
 from sqlalchemy.orm import Session
 
-from shared.db.session import session_factory
+from shared.db.session import session_scope
 
 
 def get_db() -> Iterator[Session]:
-    session = session_factory()()
-    try:
+    with session_scope() as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()

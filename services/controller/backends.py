@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.exceptions import ChannelError
@@ -24,10 +24,38 @@ from shared.db.session import session_scope
 from shared.queues import QUEUE_TRAINER, TASK_CORRECT, TASK_INIT, TASK_UPDATE, celery_app
 from shared.settings import Settings
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from services.env.client import EnvClient
+    from services.env.service import EnvPool, Observation, StepResult
+    from services.policy.protocol import ImageLike, RolloutPolicy
+    from services.policy.schemas import Generation
+    from services.policy.service import Policy
+    from services.policy.vllm_backend import VllmPolicy
+    from shared.schemas import EnvConfig, ModelConfig
+
 log = logging.getLogger("gtr.controller")
 
 # The broker or the result backend (both Redis) cannot be reached.
 BROKER_ERRORS = (BrokerError, RedisConnectionError, RedisTimeout)
+
+
+class Envs(Protocol):
+    """The env sessions a run steps: ``EnvPool`` in this process, ``EnvClient`` over HTTP."""
+
+    def create(
+        self, task: str, config: EnvConfig | dict[str, Any] | None = None, seed: int | None = None
+    ) -> str: ...
+    def reset(self, session_id: str, /) -> Observation: ...
+    def step_batch(self, items: Sequence[tuple[str, str]], /) -> list[StepResult]: ...
+    def close(self, session_id: str, /) -> None: ...
+    def set_target_formula(self, session_id: str, formula: str, /) -> None: ...
+
+
+if TYPE_CHECKING:  # mypy holds both to the contract
+    _pool: type[Envs] = EnvPool
+    _client: type[Envs] = EnvClient
 
 
 class Corrections(Protocol):
@@ -331,14 +359,12 @@ class CeleryCorrections:
 
 
 def checkpoint_dir(run_id: int, update_idx: int) -> Path:
-    from sqlalchemy import select as _select
-
     from shared.db.models import Checkpoint
     from shared.storage import checkpoint_store
 
     with session_scope() as s:
         row = s.scalar(
-            _select(Checkpoint)
+            select(Checkpoint)
             .where(Checkpoint.run_id == run_id, Checkpoint.update_idx <= update_idx)
             .order_by(Checkpoint.update_idx.desc())
             .limit(1)
@@ -352,14 +378,14 @@ class InProcessTrainer:
     """Embedded: the trainer's own functions, called directly."""
 
     def init(self, run_id: int) -> Path:
-        from services.trainer.tasks import run_init
+        from services.trainer.runs import run_init
 
         with session_scope() as s:
             run_init(s, run_id)
         return checkpoint_dir(run_id, -1)
 
     def update(self, run_id: int, update_idx: int) -> Path:
-        from services.trainer.tasks import run_update
+        from services.trainer.runs import run_update
 
         with session_scope() as s:
             run_update(s, run_id, update_idx)
@@ -447,17 +473,27 @@ class CeleryTrainer:
 
 
 class InProcessPolicy:
-    """Embedded: the policy object in this process, built on the first checkpoint it loads."""
+    """Embedded: the policy object in this process, built on the first checkpoint it loads, in
+    the run's ``model.dtype``, sampling with vLLM under ``model.backend = "vllm"``."""
 
-    def __init__(self, model_cfg: Any) -> None:
+    def __init__(self, model_cfg: ModelConfig) -> None:
         self.model_cfg = model_cfg
-        self.policy: Any = None
+        self.policy: Policy | VllmPolicy | None = None
 
-    def load_weights(self, path: str) -> None:
-        from services.policy.checkpoint import policy_for_checkpoint
+    def load_weights(self, directory: str | Path, /) -> None:
+        from services.policy.vllm_backend import served_for_checkpoint
 
         # A checkpoint names the base model it was trained on (a warm start may have made one).
-        self.policy = policy_for_checkpoint(self.policy, path)
+        cfg = self.model_cfg
+        self.policy = served_for_checkpoint(self.policy, directory, cfg.dtype, cfg.backend)
 
-    def generate(self, images: list[Any], prompts: list[str], **kw: Any) -> list[Any]:
+    def generate(
+        self, images: Sequence[ImageLike], prompts: Sequence[str], **kw: Any
+    ) -> list[Generation]:
+        if self.policy is None:
+            raise RuntimeError("no checkpoint loaded yet: call load_weights first")
         return self.policy.generate(images, prompts, **kw)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the contract the run driver codes against
+    _contract: type[RolloutPolicy] = InProcessPolicy

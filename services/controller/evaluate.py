@@ -8,17 +8,24 @@ is recorded as a step or counted in the env-step budget.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.schemas import RunConfig
+
+if TYPE_CHECKING:
+    from services.controller.backends import Envs
+    from services.policy.protocol import RolloutPolicy
+    from services.policy.schemas import Generation
 
 EVAL_SEED = 2_000_003  # eval deals are the same for every run of a task, and differ from probes
 CHUNK = 32  # generation batch: keeps each policy-service request small
 
 
-def greedy_generate(policy: Any, observations: list[Any], max_new_tokens: int) -> list[Any]:
+def greedy_generate(
+    policy: RolloutPolicy, observations: list[Any], max_new_tokens: int
+) -> list[Generation]:
     """Greedy outputs for many observations, CHUNK per policy call."""
-    gens: list[Any] = []
+    gens: list[Generation] = []
     for i in range(0, len(observations), CHUNK):
         chunk = observations[i : i + CHUNK]
         gens += policy.generate(
@@ -30,7 +37,7 @@ def greedy_generate(policy: Any, observations: list[Any], max_new_tokens: int) -
     return gens
 
 
-def evaluate(envs: Any, policy: Any, cfg: RunConfig, episodes: int) -> dict[str, float]:
+def evaluate(envs: Envs, policy: RolloutPolicy, cfg: RunConfig, episodes: int) -> dict[str, float]:
     """Play ``episodes`` greedy episodes in parallel; success rate, mean return and length."""
     env = cfg.env.model_copy(update={"display_size": 0})  # never recorded: no frames for people
     sessions = [envs.create(cfg.task, env, seed=EVAL_SEED + i) for i in range(episodes)]

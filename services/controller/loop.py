@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import or_, select, update
 
@@ -25,6 +25,10 @@ from shared.logs import run_context, tag_clients
 from shared.schemas import RunConfig
 from shared.settings import Settings, get_settings
 
+if TYPE_CHECKING:
+    from services.controller.backends import Envs
+    from services.policy.protocol import RolloutPolicy
+
 log = logging.getLogger("gtr.controller")
 
 
@@ -33,7 +37,7 @@ def backends(cfg: RunConfig, settings: Settings, run_id: int | None = None) -> d
     if settings.env_service_url:
         from services.env.client import EnvClient
 
-        envs: Any = EnvClient(settings.env_service_url)
+        envs: Envs = EnvClient(settings.env_service_url)
     else:
         from services.env import EnvPool
 
@@ -41,7 +45,7 @@ def backends(cfg: RunConfig, settings: Settings, run_id: int | None = None) -> d
     if settings.policy_service_url:
         from services.policy.client import PolicyClient
 
-        policy: Any = PolicyClient(settings.policy_service_url)
+        policy: RolloutPolicy = PolicyClient(settings.policy_service_url)
     else:
         policy = InProcessPolicy(cfg.model)
     if settings.redis_url:

@@ -1,4 +1,5 @@
-"""Checks a run config can fail before any run row exists: extras, games, model, checkpoint.
+"""Checks a run config can fail before any run row exists: extras, games, model, checkpoint,
+the generation backend.
 
 `gtr train` calls ``preflight`` right after reading the config, so a wrong path or a missing
 extra is one line and a non-zero exit, not a failed run (and its traceback) in the store.
@@ -21,6 +22,8 @@ def preflight(cfg: RunConfig) -> None:
         raise PreflightError(f"model.path: no model folder at {cfg.model.path}")
     if cfg.init.kind == "checkpoint" and not Path(str(cfg.init.checkpoint)).is_dir():
         raise PreflightError(f"init.checkpoint: no checkpoint folder at {cfg.init.checkpoint}")
+    if cfg.model.backend == "vllm":
+        _check_vllm()
     if cfg.task == "alfworld":
         _check_alfworld(cfg)
         return
@@ -30,6 +33,26 @@ def preflight(cfg: RunConfig) -> None:
         make_env(cfg.task, cfg.env, seed=0).close()
     except (ValueError, ImportError, OSError) as e:
         raise PreflightError(f"env: {e}") from None
+
+
+def _check_vllm() -> None:
+    """An in-process policy samples with vLLM only where vllm and a CUDA device are; a policy
+    service (GTR_POLICY_SERVICE_URL) has its own ``--backend``."""
+    from shared.settings import get_settings
+
+    if get_settings().policy_service_url:
+        return
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is not None:  # torch is imported only then
+        from services.policy.vllm_backend import vllm_available
+
+        if vllm_available():
+            return
+    raise PreflightError(
+        "model.backend: 'vllm' needs vllm and a CUDA device in this process "
+        "(pip install vllm on a GPU machine); use backend = 'hf' here"
+    )
 
 
 def _check_alfworld(cfg: RunConfig) -> None:

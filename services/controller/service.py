@@ -20,19 +20,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.controller import correction_stats as CS
 from services.controller import metrics as M
+from services.controller import store
 from services.controller.backends import (
     BROKER_ERRORS,
     Corrections,
     CorrectionSweep,
+    Envs,
     TrainerBackend,
     checkpoint_dir,
     settle_corrections,
@@ -41,7 +42,6 @@ from services.controller.evaluate import evaluate, greedy_generate
 from services.controller.recorder import (
     EpisodeCursor,
     abandon_episodes,
-    close_cut_off,
     close_episode,
     discard_after,
     open_episode,
@@ -49,12 +49,15 @@ from services.controller.recorder import (
 from services.controller.timing import StageClock
 from services.controller.tracking import Trackers, final_summary, run_info_metrics
 from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
-from shared.db.models import Correction, Run, Step, Update, utcnow
+from shared.db.models import utcnow
 from shared.db.session import session_scope
 from shared.phase import RunCancelled, cancel_requested, set_phase
 from shared.rollout import Rollout
-from shared.schemas import GROUP_ALGORITHMS, RunConfig
+from shared.schemas import GROUP_ALGORITHMS
 from shared.storage import blob_store
+
+if TYPE_CHECKING:
+    from services.policy.protocol import RolloutPolicy
 
 log = logging.getLogger("gtr.controller")
 
@@ -117,8 +120,8 @@ class RunDriver:
     def __init__(
         self,
         run_id: int,
-        envs: Any,
-        policy: Any,
+        envs: Envs,
+        policy: RolloutPolicy,
         corrections: Corrections | None,
         trainer: TrainerBackend,
         on_progress: Callable[[Progress], None] | None = None,
@@ -133,10 +136,7 @@ class RunDriver:
         self.on_progress = on_progress or (lambda p: None)
         self.blobs = blob_store()
         with session_scope() as s:
-            run = s.get(Run, run_id)
-            if run is None:
-                raise LookupError(f"run {run_id} does not exist")
-            self.cfg = RunConfig.model_validate(run.config)
+            self.cfg = store.run_config(s, run_id)
         self.success = M.SuccessWindow(self.cfg.metrics.success_window)
         self.subtasks: dict[str, M.SuccessWindow] = {}
         self.sessions: list[str] = []
@@ -251,24 +251,16 @@ class RunDriver:
         the first update to collect, and a trained update whose ``_finish_update`` never ran
         (the connection dropped in ``load_weights``, the controller died before recording it)."""
         with session_scope() as s:
-            run = s.get(Run, self.run_id)
-            assert run is not None
-            run.status, run.error = "running", None
-            run.started_at = run.started_at or utcnow()
-            rows = s.scalars(select(Update).where(Update.run_id == self.run_id)).all()
-            last = max((u.idx for u in rows if u.metrics.get("trained")), default=-1)
-            pending = any(u.idx == last + 1 and u.metrics.get("rollout_sha") for u in rows)
-            finished = run.updates_done  # set by _finish_update, which comes after training
+            at = store.mark_running(s, self.run_id)
+            last, pending = at.last_trained, at.pending
+            finished = at.updates_done  # set by _finish_update, which comes after training
             if not pending:
                 dropped = discard_after(s, self.run_id, last)
                 if dropped:
                     log.info(
                         "run %s: discarded %s steps of an interrupted rollout", self.run_id, dropped
                     )
-            run.env_steps = (
-                s.scalar(select(func.count()).select_from(Step).where(Step.run_id == self.run_id))
-                or 0
-            )
+            store.recount_env_steps(s, self.run_id)
             self._restore_success_window(s)
         if pending:
             # The rollout was stored but not trained: train it rather than collect it again.
@@ -309,11 +301,11 @@ class RunDriver:
                 **per_subtask,
                 **speed,
                 **self.clock.metrics(),
-                **self._episode_counts(s),
+                **store.episode_counts(s, self.run_id),
                 **M.benchmark_share([v.state for v in ro.views]),
                 "rollout_sha": sha,
             }
-            s.add(Update(run_id=self.run_id, idx=u, metrics=summary))
+            store.add_update(s, self.run_id, u, summary)
 
     def _finish_update(self, u: int, probe: list[Any]) -> None:
         set_phase(self.run_id, "evaluating")
@@ -323,25 +315,20 @@ class RunDriver:
         if episodes and (u == 0 or (u + 1) % every == 0 or u + 1 == self.cfg.train.num_updates):
             extra |= evaluate(self.envs, self.policy, self.cfg, episodes)
         with session_scope() as s:
-            row = s.scalar(select(Update).where(Update.run_id == self.run_id, Update.idx == u))
-            assert row is not None
+            row, run = store.update_row(s, self.run_id, u), store.run_row(s, self.run_id)
             extra.update(self._correction_stats(s, u))
             if u == 0 and getattr(self, "_start_relevance", None) is not None:
                 extra["probe_relevance_start"] = self._start_relevance
-            run = s.get(Run, self.run_id)
-            assert run is not None
             merged = {**row.metrics, **extra, **run_info_metrics(run.info, u, self.timings())}
             best = self._best_relevance(s, u, merged)
             reason = M.alarm_reason(merged, best, u, self._limits())
             merged.pop("alarm_reason", None)
             if reason is not None:
                 merged["alarm_reason"] = reason
-            row.alarm = reason is not None
             if self.tracking:  # a failed tracker shows in the metrics and on the run record
                 merged |= self.tracking.log(u, merged)
-                run.info = {**(run.info or {}), "tracking": self.tracking.status()}
-            row.metrics = merged
-            run.updates_done, run.alarm, run.heartbeat_at = u + 1, row.alarm, utcnow()
+                store.set_tracking(run, self.tracking.status())
+            store.finish_update(run, row, merged, alarm=reason is not None)
             env_steps = run.env_steps
         self.on_progress(Progress(u, env_steps, self.cfg.total_env_steps, merged))
 
@@ -484,13 +471,7 @@ class RunDriver:
         from services.controller.feedback import TRUNCATION_REWARD, decide
 
         with session_scope() as s:
-            extras: dict[int, Any] = dict(
-                s.execute(
-                    select(Correction.step_id, Correction.extras).where(
-                        Correction.step_id.in_(ids), Correction.status == "done"
-                    )
-                ).all()
-            )
+            extras = store.done_correction_extras(s, ids)
             for e, sid in enumerate(ids):
                 pos = first + e
                 if sid not in extras or ro.dones[pos]:
@@ -502,10 +483,8 @@ class RunDriver:
                     obs.state = {**obs.state, "target_formula": fb.target_formula}
                 if not fb.truncate:
                     continue
-                step, cur = s.get(Step, sid), self.cursors[e]
-                assert step is not None
-                cur.total_return += TRUNCATION_REWARD - float(step.reward)
-                step.reward, step.done = TRUNCATION_REWARD, True
+                cur = self.cursors[e]
+                cur.total_return += TRUNCATION_REWARD - store.end_step(s, sid, TRUNCATION_REWARD)
                 ro.rewards[pos], ro.dones[pos] = TRUNCATION_REWARD, True
                 close_episode(s, cur, False)
                 self.success.add(False, cur.total_return, cur.length)
@@ -578,7 +557,8 @@ class RunDriver:
                 )
                 self.sessions.append(sid)
                 self.obs.append(self.envs.reset(sid))
-                self.cursors.append(open_episode(s, self.run_id, e, self._next_seq(s, e), u))
+                seq = store.next_episode_seq(s, self.run_id, e)
+                self.cursors.append(open_episode(s, self.run_id, e, seq, u))
 
     def _regroup(self, u: int) -> None:
         """grpo: every rollout starts fresh groups (same deal within a group, new deals per
@@ -588,18 +568,6 @@ class RunDriver:
         self._close_envs()
         self.obs, self.cursors = [], []
         self._open_envs(u)
-
-    def _next_seq(self, s: Session, e: int) -> int:
-        from shared.db.models import Episode
-
-        return int(
-            s.scalar(
-                select(func.count())
-                .select_from(Episode)
-                .where(Episode.run_id == self.run_id, Episode.env_index == e)
-            )
-            or 0
-        )
 
     def _close_envs(self) -> None:
         for sid in self.sessions:
@@ -681,16 +649,6 @@ class RunDriver:
 
         return bool(thought_matches_state(self.cfg.task, thought, state))
 
-    def _episode_counts(self, s: Session) -> dict[str, float]:
-        """Episodes begun and finished so far: "0 of N finished" is shown, not a missing row."""
-        from shared.db.models import Episode
-
-        finished = Episode.finished.is_(True) & Episode.success.is_not(None)
-        started, done = s.execute(
-            select(func.count(), func.count().filter(finished)).where(Episode.run_id == self.run_id)
-        ).one()
-        return {"episodes_started": float(started), "episodes_finished": float(done)}
-
     def _limits(self) -> M.AlarmLimits:
         m = self.cfg.metrics
         return M.AlarmLimits(
@@ -700,9 +658,7 @@ class RunDriver:
     def _best_relevance(self, s: Session, u: int, current: dict[str, Any]) -> float | None:
         """The best probe relevance before update ``u``: of the earlier updates and of the
         policy before the first one (None when there is none)."""
-        rows = s.scalars(
-            select(Update.metrics).where(Update.run_id == self.run_id, Update.idx < u)
-        ).all()
+        rows = store.metrics_before(s, self.run_id, u)
         keys = ("probe_relevance", "probe_relevance_start")
         seen = [float(m[k]) for m in rows for k in keys if k in m]
         if "probe_relevance_start" in current:  # update 0: the policy it started from
@@ -725,19 +681,7 @@ class RunDriver:
             log.exception("run %s: refreshing the correction figures failed", self.run_id)
 
     def _restore_success_window(self, s: Session) -> None:
-        from shared.db.models import Episode
-
-        rows = s.execute(
-            select(Episode.success, Episode.total_return, Episode.length)
-            .where(
-                Episode.run_id == self.run_id,
-                Episode.finished.is_(True),
-                Episode.success.is_not(None),
-            )
-            .order_by(Episode.id.desc())
-            .limit(self.success.size)
-        ).all()
-        for r in reversed(rows):
+        for r in store.last_finished_episodes(s, self.run_id, self.success.size):
             self.success.add(bool(r.success), float(r.total_return), int(r.length))
 
     def timings(self) -> dict[str, float]:
@@ -751,9 +695,8 @@ class RunDriver:
         return out
 
     def _check_cancel(self) -> None:
-        with session_scope() as s:
-            if s.scalar(select(Run.cancel_requested).where(Run.id == self.run_id)):
-                raise Cancelled()
+        if cancel_requested(self.run_id):
+            raise Cancelled()
 
     def _end(self, status: str, error: str | None = None) -> str:
         if self.corrections is not None and status != "failed":
@@ -764,15 +707,9 @@ class RunDriver:
         if self.corrections is not None:
             self._refresh_corrections()
         with session_scope() as s:
-            run = s.get(Run, self.run_id)
-            assert run is not None
-            run.status, run.finished_at = status, utcnow()
-            run.phase = run.phase_step = run.phase_total = None
-            close_cut_off(s, self.run_id)
-            if error:
-                run.error = error[:4000]
+            run = store.end_run(s, self.run_id, status, error)
             if self.tracking:
                 self.tracking.finish(status, final_summary(s, run))
-                run.info = {**(run.info or {}), "tracking": self.tracking.status()}
+                store.set_tracking(run, self.tracking.status())
         log.info("run %s %s", self.run_id, status)
         return status

@@ -25,8 +25,8 @@ def _backend(
     from pydantic import ValidationError
 
     from services.corrector.oracle import OracleCorrector
-    from services.corrector.registry import InvalidCorrector, validate_base_url
     from services.corrector.remote import OpenAICorrector, RemoteParams
+    from services.corrector.rows import InvalidCorrector, validate_base_url
     from shared.settings import get_settings
 
     if backend == "oracle":

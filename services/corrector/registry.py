@@ -8,9 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
-from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -19,7 +17,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from services.corrector.base import CallTrace, CorrectorError
 from services.corrector.egress import public_error
 from services.corrector.keys import encrypt_key
-from services.corrector.remote import RemoteParams
+from services.corrector.rows import InvalidCorrector, RegistryError, check_row
 from services.corrector.schemas import (
     CorrectorCreate,
     CorrectorOut,
@@ -36,79 +34,12 @@ log = logging.getLogger("gtr.corrector")
 STATS_WINDOW = 10_000  # latency statistics over the latest corrections only
 
 
-class RegistryError(Exception):
-    status_code = 400
-
-
-class InvalidCorrector(RegistryError):
-    status_code = 422
-
-
 class DuplicateName(RegistryError):
     status_code = 409
 
 
 class CorrectorNotFound(RegistryError):
     status_code = 404
-
-
-def validate_base_url(url: str, settings: Settings) -> str:
-    """http(s) only, a host, no credentials in the URL, and the allowlist when one is set."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as e:
-        raise InvalidCorrector(f"base_url is not a valid URL ({e})") from e
-    if parts.scheme not in ("http", "https"):
-        raise InvalidCorrector("base_url must start with http:// or https://")
-    if not host:
-        raise InvalidCorrector("base_url has no host")
-    if parts.username or parts.password:
-        raise InvalidCorrector("base_url must not hold credentials: use api_key or api_key_env")
-    allow = [h.lower() for h in settings.corrector_url_allowlist]
-    if allow and host.lower() not in allow:
-        raise InvalidCorrector(f"host '{host}' is not in the corrector allowlist")
-    return url.rstrip("/")
-
-
-def _check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
-    if kind == "oracle":
-        extra = set(params) - {"noise"}
-        noise = params.get("noise", 0.0)
-        if extra or not isinstance(noise, int | float) or not 0 <= noise <= 1:
-            raise InvalidCorrector("oracle params: only 'noise', a number in [0, 1]")
-        return params
-    try:
-        return RemoteParams(**params).model_dump(exclude_unset=True)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise InvalidCorrector(f"params.{'.'.join(map(str, first['loc']))}: {first['msg']}") from e
-
-
-def _check_row(row: models.Corrector, settings: Settings) -> None:
-    if row.kind in ("openai", "http"):
-        if not row.base_url:
-            raise InvalidCorrector(f"a corrector of kind '{row.kind}' needs a base_url")
-        row.base_url = validate_base_url(row.base_url, settings)
-    if row.kind == "openai" and not row.model:
-        raise InvalidCorrector("a corrector of kind 'openai' needs a model")
-    row.params = _check_params(row.kind, row.params or {})
-
-
-def inline_row(cfg: dict[str, Any], settings: Settings) -> models.Corrector:
-    """An unsaved registry row for a run config's inline corrector, checked like a registered
-    one (URL rules, params)."""
-    row = models.Corrector(
-        name=cfg.get("name") or "inline",
-        kind=cfg.get("kind"),
-        base_url=cfg.get("base_url"),
-        model=cfg.get("model"),
-        params=dict(cfg.get("params") or {}),
-        api_key_env=cfg.get("api_key_env"),
-    )
-    _check_row(row, settings)
-    return row
 
 
 def create_corrector(
@@ -128,7 +59,7 @@ def create_corrector(
     )
     if body.api_key is not None and body.api_key.get_secret_value():
         row.api_key_encrypted = encrypt_key(body.api_key.get_secret_value(), settings)
-    _check_row(row, settings)
+    check_row(row, settings)
     if session.scalar(select(models.Corrector.id).where(models.Corrector.name == body.name)):
         raise DuplicateName(f"a corrector named '{body.name}' exists")
     try:
@@ -165,7 +96,7 @@ def update_corrector(
     if "api_key" in changes:
         raw = patch.api_key.get_secret_value() if patch.api_key is not None else ""
         row.api_key_encrypted = encrypt_key(raw, settings) if raw else None
-    _check_row(row, settings)
+    check_row(row, settings)
     corrector_id = row.id
     try:
         session.flush()

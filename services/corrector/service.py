@@ -23,6 +23,7 @@ from services.corrector.keys import decrypt_key
 from services.corrector.oracle import OracleCorrector
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
+from services.corrector.rows import RegistryError, inline_row
 from services.corrector.spend import run_budget
 from shared.db import models
 from shared.db.models import utcnow
@@ -61,8 +62,6 @@ def build_corrector(
     `inline` one, or a registered corrector by name; with `team` (the run's), only one of that
     team's or a shared one: another team's key never serves this team's steps."""
     if inline is not None:
-        from services.corrector.registry import RegistryError, inline_row
-
         try:
             made = inline_row(inline, settings)
         except RegistryError as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -14,9 +14,13 @@ from shared.observe import install as install_metrics
 from shared.service_auth import secure_service
 from shared.settings import Settings, get_settings
 
+if TYPE_CHECKING:
+    from services.policy.service import Policy
+    from services.policy.vllm_backend import VllmPolicy
+
 
 def create_app(
-    policy: Any,
+    policy: Policy | VllmPolicy,
     *,
     max_batch: int = 32,
     max_wait_ms: float = 5.0,

@@ -10,6 +10,7 @@ from typing import Any
 
 from PIL import Image
 
+from services.policy.protocol import RolloutPolicy
 from services.policy.schemas import Generation
 from shared import observe
 
@@ -45,7 +46,11 @@ class Batcher:
     """
 
     def __init__(
-        self, policy: Any, max_batch: int = 32, max_wait_ms: float = 5.0, memory_s: float = 30.0
+        self,
+        policy: RolloutPolicy,
+        max_batch: int = 32,
+        max_wait_ms: float = 5.0,
+        memory_s: float = 30.0,
     ) -> None:
         self.policy = policy
         self.max_batch = max_batch

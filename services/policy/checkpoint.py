@@ -120,23 +120,3 @@ def read_checkpoint_meta(directory: str | Path) -> dict[str, Any]:
     if meta.get("kind") != CHECKPOINT_KIND:
         raise ValueError(f"{meta_path} is not a {CHECKPOINT_KIND} checkpoint")
     return meta
-
-
-def policy_for_checkpoint(current: Policy | None, directory: str | Path) -> Policy:
-    """A policy holding `directory`'s weights: `current` when its base model and fine-tuning
-    match the checkpoint's, else a new one built from what the checkpoint records."""
-    from services.policy.service import Policy
-
-    meta = read_checkpoint_meta(directory)
-    same = (
-        current is not None
-        and str(current.model_path) == meta["base_model"]
-        and current.finetune == meta["finetune"]
-        and (current.lora or {}).get("r") == (meta.get("lora") or {}).get("r")
-    )
-    same = same and current is not None and current.value_kind == meta.get("value_head", "linear")
-    if not same:
-        current = Policy.load(meta["base_model"], **policy_kwargs(meta))
-    assert current is not None
-    current.load_weights(directory)
-    return current

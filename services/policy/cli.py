@@ -108,6 +108,7 @@ def serve(
     from services.policy.app import create_app
     from services.policy.checkpoint import policy_kwargs, read_checkpoint_meta
     from services.policy.service import DEFAULT_LORA_TARGETS, Policy
+    from services.policy.vllm_backend import VllmPolicy
     from shared.service_auth import serve_settings
 
     settings = serve_settings()  # production refuses default secrets before loading anything
@@ -129,10 +130,8 @@ def serve(
         if checkpoint is not None:
             kwargs = policy_kwargs(read_checkpoint_meta(checkpoint))
         pol = Policy.load(model_path, device=device, **kwargs)
-        served: Any = pol
+        served: Policy | VllmPolicy = pol
         if backend == "vllm":
-            from services.policy.vllm_backend import VllmPolicy
-
             served = VllmPolicy(pol)
         if checkpoint is not None:
             served.load_weights(checkpoint)

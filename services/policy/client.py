@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import numpy as np
-from PIL import Image
 
+from services.policy.protocol import ImageLike
 from services.policy.schemas import Generation, ScoreResponse, encode_frame
 from shared.service_auth import auth_header, excerpt
 from shared.settings import get_settings
+
+if TYPE_CHECKING:
+    from services.policy.protocol import RolloutPolicy
 
 
 class PolicyServiceError(RuntimeError):
@@ -57,7 +59,7 @@ class PolicyClient:
 
     def generate(
         self,
-        images: Sequence[np.ndarray | Image.Image],
+        images: Sequence[ImageLike],
         prompts: Sequence[str],
         *,
         temperature: float = 1.0,
@@ -84,7 +86,7 @@ class PolicyClient:
 
     def score(
         self,
-        images: Sequence[np.ndarray | Image.Image],
+        images: Sequence[ImageLike],
         prompts: Sequence[str],
         response_ids: Sequence[Sequence[int]],
         *,
@@ -120,3 +122,7 @@ class PolicyClient:
         r = self._http.get("/stats")
         r.raise_for_status()
         return dict(r.json())
+
+
+if TYPE_CHECKING:  # mypy holds the class to the contract the controller codes against
+    _contract: type[RolloutPolicy] = PolicyClient

@@ -12,8 +12,9 @@ import torch
 from PIL import Image
 from torch import nn
 
+from services.policy.protocol import ImageLike
+
 QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl")
-ImageLike = np.ndarray | Image.Image
 
 
 def load_processor(path: Path, config: Any) -> Any:

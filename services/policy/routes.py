@@ -9,7 +9,6 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from PIL import Image
 
-from services.policy.checkpoint import policy_for_checkpoint
 from services.policy.schemas import (
     MAX_PROMPT_CHARS,
     CheckpointLoad,
@@ -21,6 +20,7 @@ from services.policy.schemas import (
     Stats,
     decode_png,
 )
+from services.policy.vllm_backend import served_for_checkpoint
 from shared.paths import CHECKPOINT_NOT_FOUND, confined
 
 router = APIRouter()
@@ -112,7 +112,7 @@ async def load_checkpoint(body: CheckpointLoad, request: Request) -> dict[str, A
         raise HTTPException(404, CHECKPOINT_NOT_FOUND)
     try:
         # A run may bring another base model or fine-tuning mode: then the policy is rebuilt.
-        policy = await asyncio.to_thread(policy_for_checkpoint, request.app.state.policy, path)
+        policy = await asyncio.to_thread(served_for_checkpoint, request.app.state.policy, path)
         request.app.state.policy = request.app.state.batcher.policy = policy
     except (ValueError, OSError) as e:
         raise HTTPException(422, f"cannot load the checkpoint: {e}") from e

@@ -30,27 +30,29 @@ Interface (stable; the trainer and controller code against it):
   FT) + value head. ``vision_parameters()``: vision tower + projector; under LoRA they are frozen:
   the caller sets ``requires_grad`` for its warm-up (and unsets it after, or they join
   ``trainable_parameters()``); once called, they are saved with every checkpoint.
-  ``image_features(images)`` -> ``(B, N, d)`` projector output. ``reference()``: a context
-  manager with the LoRA adapter off (the KL reference).
+  ``image_features(images)`` -> ``(B, N, d)`` projector output.
 - ``save(dir)`` writes ``policy.json`` + ``value_head.safetensors`` + the LoRA adapter
   (``adapter_model.safetensors``, ``adapter_config.json``) or the full model
   (``model.safetensors``), plus ``vision.safetensors`` when the vision tower was trained under
   LoRA. Other files in the folder (the trainer's) are left alone. ``load_weights(dir)`` loads such
   a folder into this policy (same finetune mode and LoRA rank, else ValueError);
-  ``services.policy.checkpoint.read_checkpoint_meta(dir)`` reads its policy.json.
+  ``services.policy.checkpoint.read_checkpoint_meta(dir)`` reads its policy.json;
+  ``policy_for_checkpoint(current, dir)`` reuses ``current`` when it ``matches`` the checkpoint's
+  base model, else loads the one the checkpoint names.
 - Also: ``tokenizer``, ``eos_id``, ``suppress_ids``, ``render(prompt)`` (the chat-templated text).
   ``generate``/``score``/``load_weights`` hold one lock, so a policy may be shared by threads.
 - Service: ``services.policy.app.create_app(policy)`` (POST /generate batched, POST /score,
   POST /checkpoints/load, GET /healthz, GET /stats); ``services.policy.client.PolicyClient(url)``
   has the same ``generate`` and returns the same ``Generation`` records (torch-free module
-  ``services.policy.schemas``). vLLM: ``services.policy.vllm_backend`` (GPU only).
+  ``services.policy.schemas``). vLLM: ``services.policy.vllm_backend`` (GPU only). What a run
+  needs of any of them (``generate`` + ``load_weights``) is ``protocol.RolloutPolicy``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -58,11 +60,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from services.policy.checkpoint import load_policy_weights, save_policy
+from services.policy.checkpoint import (
+    load_policy_weights,
+    policy_kwargs,
+    read_checkpoint_meta,
+    save_policy,
+)
 from services.policy.heads import GeneratedRepetitionPenalty, image_token_id, make_value_head
 from services.policy.loading import (
     QWEN_TYPES,
-    ImageLike,
     add_lora,
     language_model,
     load_processor,
@@ -71,10 +77,12 @@ from services.policy.loading import (
     suppressed_ids,
     to_pil,
 )
+from services.policy.protocol import ImageLike
 from services.policy.schemas import Generation
 from services.policy.spans import token_spans
 
 if TYPE_CHECKING:
+    from services.policy.protocol import RolloutPolicy
     from shared.schemas import ModelConfig
 
 DEFAULT_LORA_TARGETS = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj)"
@@ -453,12 +461,6 @@ class Policy:
         feats = out.pooler_output if hasattr(out, "pooler_output") else out
         return torch.stack(list(feats)) if isinstance(feats, list | tuple) else feats
 
-    @contextmanager
-    def reference(self) -> Iterator[None]:
-        """Inside: the base model without the LoRA adapter (the KL reference); no-op for full FT."""
-        with self.model.disable_adapter() if self.lora is not None else nullcontext():
-            yield
-
     # ---- checkpoints --------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> Path:
@@ -469,3 +471,29 @@ class Policy:
         """Load a folder written by `save` into this policy (value_head=False: keep our head)."""
         with self._lock:
             load_policy_weights(self, Path(directory), value_head)
+
+    def matches(self, meta: dict[str, Any]) -> bool:
+        """Whether a checkpoint (its policy.json) fits this policy: same base model, fine-tuning
+        mode, LoRA rank and value head, so ``load_weights`` can take it."""
+        return (
+            str(self.model_path) == meta["base_model"]
+            and self.finetune == meta["finetune"]
+            and (self.lora or {}).get("r") == (meta.get("lora") or {}).get("r")
+            and self.value_kind == meta.get("value_head", "linear")
+        )
+
+
+def policy_for_checkpoint(
+    current: Policy | None, directory: str | Path, dtype: str = "auto"
+) -> Policy:
+    """A policy holding `directory`'s weights: `current` when it ``matches`` the checkpoint, else
+    a new one (in `dtype`) on the base model and fine-tuning the checkpoint records."""
+    meta = read_checkpoint_meta(directory)
+    if current is None or not current.matches(meta):
+        current = Policy.load(meta["base_model"], dtype=dtype, **policy_kwargs(meta))
+    current.load_weights(directory)
+    return current
+
+
+if TYPE_CHECKING:  # mypy holds the class to the contract the controller codes against
+    _contract: type[RolloutPolicy] = Policy

@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.policy.loading import ImageLike, to_pil
+from services.policy.checkpoint import read_checkpoint_meta
+from services.policy.loading import to_pil
+from services.policy.protocol import ImageLike
 from services.policy.schemas import Generation
-from services.policy.service import Policy, ScoreOutput
+from services.policy.service import Policy, ScoreOutput, policy_for_checkpoint
 
 if TYPE_CHECKING:
-    from shared.schemas import ModelConfig
+    from services.policy.protocol import RolloutPolicy
 
 
 def vllm_available() -> bool:
@@ -31,12 +33,24 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
-def serving_policy(
-    model_cfg: ModelConfig, model_path: str | Path, seed: int = 0
+def served_for_checkpoint(
+    current: Policy | VllmPolicy | None,
+    directory: str | Path,
+    dtype: str = "auto",
+    backend: str = "hf",
 ) -> Policy | VllmPolicy:
-    """The policy that serves rollouts: HF, or vLLM when `model_cfg.backend == "vllm"`."""
-    policy = Policy.from_config(model_cfg, model_path, seed=seed)
-    return VllmPolicy(policy) if model_cfg.backend == "vllm" else policy
+    """The policy that serves rollouts from `directory`: `current` when it ``matches`` the
+    checkpoint, else one built for it (``policy_for_checkpoint``), sampling with vLLM when
+    `backend` is "vllm"."""
+    if current is not None and current.matches(read_checkpoint_meta(directory)):
+        current.load_weights(directory)
+        return current
+    policy = policy_for_checkpoint(None, directory, dtype)
+    if backend != "vllm":
+        return policy
+    served = VllmPolicy(policy)
+    served.load_weights(directory)  # the HF weights again, and vLLM pointed at the adapter
+    return served
 
 
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -69,7 +83,7 @@ def generated_penalty(penalty: float) -> Any:
 
 
 class VllmPolicy:
-    """A `Policy` whose `generate` runs on vLLM; everything else is delegated to the HF policy."""
+    """A `Policy` whose `generate` samples on vLLM; the HF policy scores, saves and loads."""
 
     def __init__(
         self,
@@ -97,8 +111,16 @@ class VllmPolicy:
         self._lora_ids = itertools.count(1)
         self._allowed = sorted(set(range(len(policy.tokenizer))) - set(policy.suppress_ids))
 
-    def __getattr__(self, name: str) -> Any:  # tokenizer, model_path, spans, save, ...
-        return getattr(self.policy, name)
+    @property
+    def model_path(self) -> Path:
+        return self.policy.model_path
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    def matches(self, meta: dict[str, Any]) -> bool:
+        return self.policy.matches(meta)
 
     def load_weights(self, directory: str | Path) -> None:
         """Load a checkpoint into the HF policy and point vLLM at its LoRA adapter."""
@@ -154,5 +176,17 @@ class VllmPolicy:
             for i, r in enumerate(ids)
         ]
 
-    def score(self, *args: Any, **kwargs: Any) -> ScoreOutput:
-        return self.policy.score(*args, **kwargs)
+    def score(
+        self,
+        images: Sequence[ImageLike],
+        prompts: Sequence[str],
+        response_ids: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> ScoreOutput:
+        """The HF policy's scores (what the trainer computes) of given responses."""
+        return self.policy.score(images, prompts, response_ids, temperature=temperature)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the contract the controller codes against
+    _contract: type[RolloutPolicy] = VllmPolicy

@@ -10,19 +10,23 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.db.models import Checkpoint
+
+if TYPE_CHECKING:
+    from services.policy.service import Policy
+    from services.trainer.service import Trainer
 from shared.storage import CheckpointStore, checkpoint_store
 
 STATE_FILE = "trainer_state.pt"
 
 
-def trainer_state(trainer: Any) -> dict[str, Any]:
+def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """Everything but the weights that an exact resume needs."""
     return {
         "update_idx": trainer.update_idx,
@@ -35,7 +39,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
     }
 
 
-def restore_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
+def restore_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
     """Inverse of ``trainer_state`` (weights are loaded separately, by the policy)."""
     trainer.update_idx = int(state["update_idx"])
     trainer.optimizer.load_state_dict(state["optimizer"])
@@ -46,7 +50,7 @@ def restore_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
     random.setstate(state["python_rng"])
 
 
-def write_checkpoint(policy: Any, path: Path, state: dict[str, Any] | None) -> Path:
+def write_checkpoint(policy: Policy, path: Path, state: dict[str, Any] | None) -> Path:
     """Write weights (and the trainer state, if any) to ``path`` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
@@ -63,7 +67,7 @@ def write_checkpoint(policy: Any, path: Path, state: dict[str, Any] | None) -> P
     return path
 
 
-def save_checkpoint(session: Session, trainer: Any, run_id: int) -> Checkpoint:
+def save_checkpoint(session: Session, trainer: Trainer, run_id: int) -> Checkpoint:
     """Checkpoint the trainer at its update index and upsert the ``checkpoints`` row."""
     return record_checkpoint(
         session, run_id, trainer.update_idx, trainer.policy, trainer_state(trainer)
@@ -71,7 +75,7 @@ def save_checkpoint(session: Session, trainer: Any, run_id: int) -> Checkpoint:
 
 
 def record_checkpoint(
-    session: Session, run_id: int, update_idx: int, policy: Any, state: dict[str, Any] | None
+    session: Session, run_id: int, update_idx: int, policy: Policy, state: dict[str, Any] | None
 ) -> Checkpoint:
     """Write a checkpoint folder and upsert its row; state None = weights only (the init)."""
     path = write_checkpoint(policy, checkpoint_store().path_for(run_id, update_idx), state)
@@ -111,7 +115,7 @@ def checkpoint_path(row: Checkpoint) -> Path:
     return checkpoint_store().resolve(row.path)
 
 
-def load_checkpoint(trainer: Any, path: Path) -> None:
+def load_checkpoint(trainer: Trainer, path: Path) -> None:
     """Load weights into the trainer's policy and, when present, the trainer state."""
     trainer.policy.load_weights(path)
     state_file = Path(path) / STATE_FILE

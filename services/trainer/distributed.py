@@ -18,13 +18,14 @@ from typing import Any
 
 from sqlalchemy import select
 
+from services.trainer.runs import TRAINED_KEY, run_update
+from shared.db.models import Update
+from shared.db.session import session_scope
+
 
 def main(argv: list[str] | None = None) -> None:
     """One update of one run on every process of the accelerate launch."""
     from accelerate import Accelerator
-
-    from services.trainer.tasks import run_update
-    from shared.db.session import session_scope
 
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 2 or not all(a.lstrip("-").isdigit() for a in args):
@@ -39,10 +40,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def launch(run_id: int, update_idx: int, config_file: str) -> dict[str, Any]:
     """Run ``main`` under ``accelerate launch`` and return the metrics rank 0 recorded."""
-    from services.trainer.tasks import TRAINED_KEY
-    from shared.db.models import Update
-    from shared.db.session import session_scope
-
     query = select(Update).where(Update.run_id == run_id, Update.idx == update_idx)
     with session_scope() as session:
         row = session.scalar(query)

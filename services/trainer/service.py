@@ -11,9 +11,9 @@ the merged self-teacher (``self.teacher``, set by the worker) from the returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from services.trainer import algos
 from services.trainer.buffer import DaggerBuffer, SftExample
 from shared.rollout import Rollout
 from shared.schemas import GROUP_ALGORITHMS, GenerationConfig, TeacherConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from services.policy.service import Policy
 
 ImageLoader = Callable[[str], Any]
 
@@ -76,7 +79,7 @@ class Trainer:
 
     def __init__(
         self,
-        policy: Any,
+        policy: Policy,
         train: TrainConfig,
         algorithm: str = "gtr",
         generation: GenerationConfig | None = None,
@@ -89,7 +92,7 @@ class Trainer:
         self.policy, self.cfg, self.algorithm = policy, train, algorithm
         gen = generation or GenerationConfig()
         self.temperature, self.max_new_tokens = gen.temperature, gen.max_new_tokens
-        self.params = _unique(policy.trainable_parameters())
+        self.params = unique_trainable(policy.trainable_parameters())
         head = {id(p) for p in getattr(policy, "value_head", torch.nn.Module()).parameters()}
         groups: list[dict[str, Any]] = [
             {"params": [p for p in self.params if id(p) not in head]},
@@ -116,8 +119,10 @@ class Trainer:
         self._targets: dict[int, tuple[list[int], list[int]]] = {}
         self.reward_terms: dict[str, float] = {}  # the extra reward terms of the last update
         self.grouped = algorithm in GROUP_ALGORITHMS
-        self.teacher: Any = None  # gtr_turbo_kl: the merged self-teacher policy (tasks.py sets it)
-        self.turbo = TeacherConfig()  # gtr_turbo_kl: kl_coef, kl_clip (tasks.py sets the run's)
+        self.teacher: Policy | None = (
+            None  # gtr_turbo_kl: the merged self-teacher (runs.py sets it)
+        )
+        self.turbo = TeacherConfig()  # gtr_turbo_kl: kl_coef, kl_clip (runs.py sets the run's)
         self._extra: dict[str, float] = {}  # advantage statistics of the current update
 
     # ---- stages ------------------------------------------------------------------------------
@@ -411,7 +416,7 @@ class Trainer:
 
 
 def encode_target(
-    policy: Any, text: str, masked_span: tuple[int, int] | None
+    policy: Policy, text: str, masked_span: tuple[int, int] | None
 ) -> tuple[list[int], list[int]]:
     """Tokenise a target (+EOS); mask (0) every token whose characters overlap masked_span."""
     from services.policy.spans import first_token_past
@@ -439,7 +444,8 @@ def clip_tensors(grads: list[Tensor | None], max_norm: float) -> Tensor:
     return norm
 
 
-def _unique(params: Any) -> list[torch.nn.Parameter]:
+def unique_trainable(params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """Each parameter once, only those that require grad: what an optimiser gets."""
     seen: set[int] = set()
     out = []
     for p in params:

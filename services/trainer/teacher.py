@@ -14,12 +14,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.schemas import TeacherConfig
+
+if TYPE_CHECKING:
+    from services.policy.service import Policy
 
 log = logging.getLogger(__name__)
 TEACHER_ADAPTER = "self_teacher"
@@ -63,11 +66,11 @@ class TeacherCache:
 
     def __init__(self, cfg: TeacherConfig) -> None:
         self.cfg = cfg
-        self.policy: Any = None
+        self.policy: Policy | None = None
         self.updates: list[int] | None = None  # update indices merged into self.policy
         self.ids: list[int] = []  # their checkpoint ids
 
-    def get(self, refs: Sequence[CheckpointRef]) -> Any:
+    def get(self, refs: Sequence[CheckpointRef]) -> Policy:
         """The teacher for these checkpoints of a run (the warm start, −1, must be among them)."""
         by_update = {r.update_idx: r for r in refs}
         if -1 not in by_update:
@@ -85,12 +88,15 @@ class TeacherCache:
 
 
 def build_teacher(
-    base_dir: Path, checkpoint_dirs: Sequence[Path], cfg: TeacherConfig, current: Any = None
-) -> Any:
+    base_dir: Path,
+    checkpoint_dirs: Sequence[Path],
+    cfg: TeacherConfig,
+    current: Policy | None = None,
+) -> Policy:
     """The warm start (``base_dir``) plus the TIES merge of the checkpoints' deltas, frozen.
 
     ``current``: a teacher built before on the same base, reused instead of loading it again."""
-    from services.policy.checkpoint import policy_for_checkpoint
+    from services.policy.service import policy_for_checkpoint
 
     if current is not None and current.lora is not None:
         _drop_teacher_adapter(current)
@@ -106,7 +112,7 @@ def build_teacher(
     return policy
 
 
-def _merge_full(policy: Any, base_dir: Path, dirs: Sequence[Path], cfg: TeacherConfig) -> None:
+def _merge_full(policy: Policy, base_dir: Path, dirs: Sequence[Path], cfg: TeacherConfig) -> None:
     from safetensors.torch import load_file
 
     from services.policy.checkpoint import FULL
@@ -119,7 +125,7 @@ def _merge_full(policy: Any, base_dir: Path, dirs: Sequence[Path], cfg: TeacherC
         raise ValueError(f"merged weights do not fit the model: {result.unexpected_keys[:3]}")
 
 
-def _merge_lora(policy: Any, dirs: Sequence[Path], cfg: TeacherConfig) -> None:
+def _merge_lora(policy: Policy, dirs: Sequence[Path], cfg: TeacherConfig) -> None:
     model = policy.model
     names = []
     for i, d in enumerate(dirs):
@@ -140,7 +146,7 @@ def _merge_lora(policy: Any, dirs: Sequence[Path], cfg: TeacherConfig) -> None:
         model.delete_adapter(name)
 
 
-def _drop_teacher_adapter(policy: Any) -> None:
+def _drop_teacher_adapter(policy: Policy) -> None:
     model = policy.model
     if TEACHER_ADAPTER in model.peft_config:
         model.set_adapter("default")

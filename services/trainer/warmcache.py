@@ -21,10 +21,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.schemas import RunConfig
 from shared.settings import get_settings
+
+if TYPE_CHECKING:
+    from services.policy.service import Policy
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +191,7 @@ def _load(cfg: RunConfig, entry: Path, base: Path, base_dir: Path) -> tuple[Any,
 
 def _store(
     cfg: RunConfig,
-    policy: Any,
+    policy: Policy,
     base_dir: Path,
     entry: Path,
     inputs: dict[str, Any],

@@ -15,15 +15,19 @@ from collections.abc import Hashable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from services.trainer import algos
+from services.trainer.service import unique_trainable
 from shared.phase import warm_progress
 from shared.schemas import EnvConfig, InitConfig, ModelConfig, RunConfig
+
+if TYPE_CHECKING:
+    from services.policy.service import Policy
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,7 @@ _warm_plan: ContextVar[tuple[int, int]] = ContextVar("warm_plan", default=(0, 0)
 
 
 def vision_warmup(
-    policy: Any,
+    policy: Policy,
     samples: Sequence[OracleSample],
     task: str,
     steps: int,
@@ -159,7 +163,7 @@ def vision_warmup(
 
 
 def sft_warmup(
-    policy: Any,
+    policy: Policy,
     samples: Sequence[OracleSample],
     steps: int,
     batch_size: int,
@@ -171,9 +175,7 @@ def sft_warmup(
     """Supervised fine-tuning on the expert outputs, every output token (and EOS) supervised."""
     if steps <= 0:
         return {"sft/steps": 0.0}
-    from services.trainer.service import _unique
-
-    params = _unique([*policy.trainable_parameters(), *policy.vision_parameters()])
+    params = unique_trainable([*policy.trainable_parameters(), *policy.vision_parameters()])
     opt = torch.optim.AdamW(params, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup_steps))
     rng = np.random.default_rng(seed + 1)
@@ -199,7 +201,7 @@ def sft_warmup(
 
 
 def greedy_eval(
-    policy: Any,
+    policy: Policy,
     task: str,
     env_cfg: EnvConfig,
     episodes: int,
@@ -240,7 +242,7 @@ def greedy_eval(
 
 
 def warm_start(
-    policy: Any,
+    policy: Policy,
     task: str,
     env_cfg: EnvConfig,
     init: InitConfig,
@@ -320,7 +322,7 @@ def init_policy(
     return Policy.from_config(model, base_dir, seed=cfg.seed), summary
 
 
-def save_hf_model(policy: Any, directory: Path) -> Path:
+def save_hf_model(policy: Policy, directory: Path) -> Path:
     """Write a fully fine-tuned policy's model as a plain HF folder (a new base model)."""
     directory.mkdir(parents=True, exist_ok=True)
     policy.model.save_pretrained(directory)

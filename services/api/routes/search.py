@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from services.api import search, service
 from services.api.auth import require_read
 from services.api.deps import get_db
-from services.api.routes.ui import PAGE_SIZE, User, _not_found, render
+from services.api.routes.ui import PAGE_SIZE, User, not_found_page, render
 from services.api.schemas import Page
 from shared.db.models import ApiToken
 
@@ -175,7 +175,7 @@ def steps_page(
     try:
         run = service.get_run(db, me, run_id)
     except service.NotFound:
-        return _not_found(request, me, f"run {run_id}")
+        return not_found_page(request, me, f"run {run_id}")
     rows, total, capped = search.search_steps(db, run, f, PAGE_SIZE, (page - 1) * PAGE_SIZE)
     query = urlencode(f.query_string())
     return render(

@@ -163,7 +163,7 @@ def runs_page(
             ctx["config_text"] = service.config_toml(service.get_run(db, me, clone), copy=True)
             ctx["open_launch"] = True
         except service.NotFound:
-            return _not_found(request, me, f"run {clone}")
+            return not_found_page(request, me, f"run {clone}")
     return _runs(request, db, me, status if status in RUN_STATUSES else None, max(1, page), **ctx)
 
 
@@ -242,13 +242,14 @@ def cancel(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     except service.Conflict as e:
         notice = str(e)
     except service.NotFound:
-        return _not_found(request, me, f"run {run_id}")
+        return not_found_page(request, me, f"run {run_id}")
     return RedirectResponse(
         f"/runs/{run_id}?{urlencode({'notice': notice})}", status.HTTP_303_SEE_OTHER
     )
 
 
-def _not_found(request: Request, me: ApiToken, what: str) -> HTMLResponse:
+def not_found_page(request: Request, me: ApiToken, what: str) -> HTMLResponse:
+    """The 404 page for something absent or not visible to the user's team."""
     return render(
         request,
         "error.html",
@@ -266,7 +267,7 @@ def run_page(
     try:
         run = service.get_run(db, me, run_id)
     except service.NotFound:
-        return _not_found(request, me, f"run {run_id}")
+        return not_found_page(request, me, f"run {run_id}")
     latest = service.latest_metrics(db, run.id)
     return render(
         request,
@@ -296,7 +297,7 @@ def resume(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     except service.Conflict as e:
         notice = str(e)
     except service.NotFound:
-        return _not_found(request, me, f"run {run_id}")
+        return not_found_page(request, me, f"run {run_id}")
     return RedirectResponse(
         f"/runs/{run_id}?{urlencode({'notice': notice})}", status.HTTP_303_SEE_OTHER
     )
@@ -352,7 +353,7 @@ def episodes_page(
     try:
         run = service.get_run(db, me, run_id)
     except service.NotFound:
-        return _not_found(request, me, f"run {run_id}")
+        return not_found_page(request, me, f"run {run_id}")
     upd = int(update) if update and re.fullmatch(r"[0-9]{1,9}", update) else None
     ok, corr = _tristate(success), _tristate(corrected)
     filters = {"update": upd, "success": ok, "corrected": corr}
@@ -379,7 +380,7 @@ def episode_page(
     try:
         steps = service.list_steps(db, service.get_episode(db, me, episode_id))
     except service.NotFound:
-        return _not_found(request, me, f"episode {episode_id}")
+        return not_found_page(request, me, f"episode {episode_id}")
     if not steps:
         return render(
             request, "error.html", me, 404, message=f"Episode {episode_id} has no steps yet."
@@ -393,7 +394,7 @@ def step_page(request: Request, run_id: RunId, step_id: StepId, db: Db, me: User
     try:
         step, corrections, nav = service.get_step(db, me, step_id)
     except service.NotFound:
-        return _not_found(request, me, f"step {step_id}")
+        return not_found_page(request, me, f"step {step_id}")
     if step.run_id != run_id:
         return RedirectResponse(
             f"/runs/{step.run_id}/steps/{step_id}", status.HTTP_308_PERMANENT_REDIRECT

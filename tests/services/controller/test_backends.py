@@ -142,3 +142,25 @@ def test_corrections_that_never_come_are_recorded_failed_once_sent_twice(redis_u
     got = _corrections(run_id)
     assert [got[i][0] for i in ids] == ["failed"] * 3, got
     assert sweep.sweep(2) == 0 and sweep.from_update == 2
+
+
+def test_the_in_process_policy_samples_in_the_runs_dtype(tiny_model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+    import torch
+
+    from services.controller.backends import InProcessPolicy
+    from services.policy.service import Policy
+    from shared.schemas import ModelConfig
+
+    Policy.load(tiny_model_dir, lora_r=4).save(tmp_path / "ckpt")
+    frame = np.zeros((64, 64, 3), dtype=np.uint8)
+    for dtype, want in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        served = InProcessPolicy(ModelConfig(dtype=dtype))
+        served.load_weights(tmp_path / "ckpt")
+        first = served.policy
+        assert isinstance(first, Policy) and first.dtype == want
+        assert next(first.model.parameters()).dtype == want
+        [gen] = served.generate([frame], ["Move toward the target."], max_new_tokens=4, seed=0)
+        assert 0 < len(gen.token_ids) <= 4 and len(gen.logprobs) == len(gen.token_ids)
+        served.load_weights(tmp_path / "ckpt")  # the same base model: the same policy object
+        assert served.policy is first

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from services.cli import main
 from services.controller.console import load_config, print_summary, success_cell
-from tests.conftest import ROOT
+from tests.conftest import ROOT, need
 from tests.services.controller.test_display_frames import _Gen
 
 ALFWORLD = """
@@ -86,6 +86,24 @@ def test_bad_paths_fail_in_one_line_before_a_run_exists(
     assert message.replace("{tmp}", str(tmp_path)) in result.output, result.output
     assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    assert _runs_named(name) == 0
+
+
+def test_a_vllm_backend_is_refused_where_vllm_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str
+) -> None:
+    from importlib.util import find_spec
+
+    need(find_spec("vllm") is None, "vllm is installed here: nothing to refuse")
+    name = f"preflight-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "run.toml").write_text(
+        f'name = "{name}"\ntask = "numberline"\n[model]\nbackend = "vllm"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["train", "run.toml"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: model.backend: 'vllm' needs vllm and a CUDA device")
+    assert "backend = 'hf'" in result.output and "Traceback" not in result.output
     assert _runs_named(name) == 0
 
 

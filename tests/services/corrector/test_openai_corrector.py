@@ -275,6 +275,34 @@ def test_alfworld_uses_its_own_prompt_and_keys(fake_openai: FakeOpenAI) -> None:
     assert "[Admissible actions]" in body["messages"][1]["content"]
 
 
+def test_alfworld_without_the_state_is_judged_from_its_prompt(fake_openai: FakeOpenAI) -> None:
+    """A request with no privileged state (any client of POST /v1/correct may send one) gets the
+    corrector's own ALFWorld prompt, read from the agent's prompt; the answers it asks for are
+    the ones the schema holds, as many as the env's prompt with the state asks for."""
+    from services.corrector import prompts
+    from services.env.alfworld.prompts import corrector_prompt
+
+    agent = {"thoughts": "the mug is on the counter", "action": "take mug 1 from countertop 1"}
+    answers = {"answer1": "a", "answer2": "b", "answer3": "c", "evaluation": "YES"}
+    fake_openai.then(chat(json.dumps({**answers, "correction": None})))
+    req = CorrectionRequest(
+        task="alfworld",
+        prompt="Your task is to: put a clean mug in the coffeemachine.",
+        output=json.dumps(agent),
+    )
+    assert _corrector(fake_openai).correct(req).verdict == "correct"
+    body = fake_openai.requests[0]["json"]
+    system, user = (m["content"] for m in body["messages"])
+    assert system == prompts.text_only(prompts.SYSTEM["alfworld"])
+    assert user.startswith("[Prompt] Your task is to: put a clean mug in the coffeemachine.")
+    assert prompts.text_only(prompts.QUESTIONS["alfworld"][1]) in user and "[Thought]" in user
+    schema = body["response_format"]["json_schema"]["schema"]
+    asked = [k for k in schema["properties"] if k.startswith("answer")]
+    assert asked == ["answer1", "answer2", "answer3"]
+    _, with_state = corrector_prompt(next(alfworld_states(1)), [], json.dumps(agent))
+    assert all(f'"{k}"' in with_state for k in asked) and '"answer4"' not in with_state
+
+
 @pytest.mark.parametrize(
     "body, why",
     [

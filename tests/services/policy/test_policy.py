@@ -209,7 +209,7 @@ def test_load_weights_rejects_other_checkpoints(llava: Path, tmp_path: Path) -> 
         Policy.load(llava, finetune="full").load_weights(tmp_path / "r4")
 
 
-def test_reference_disables_the_adapter_and_features_have_grad(
+def test_an_sft_step_moves_the_scores_and_features_have_grad(
     llava: Path, images: list[np.ndarray]
 ) -> None:
     policy = Policy.load(llava, lora_r=4)
@@ -217,8 +217,6 @@ def test_reference_disables_the_adapter_and_features_have_grad(
     base = policy.score(images, PROMPTS, targets).logprobs
     _sft_step(policy, images)
     assert not torch.allclose(policy.score(images, PROMPTS, targets).logprobs, base)
-    with policy.reference():
-        assert torch.allclose(policy.score(images, PROMPTS, targets).logprobs, base, atol=1e-6)
     params = policy.vision_parameters()
     for p in params:
         p.requires_grad_(True)

@@ -8,7 +8,7 @@ import numpy as np
 from sqlalchemy import delete
 
 from services.policy.service import Policy
-from services.trainer import tasks
+from services.trainer import runs
 from services.trainer.distributed import launch
 from shared.db.models import Checkpoint, Run, Update
 from shared.db.session import session_scope
@@ -22,7 +22,7 @@ def test_accelerate_launch_trains_one_update_and_rank0_records_it(pg_url, tiny_d
     policy = Policy.load(tiny_dir, finetune="full")
     with session_scope(pg_url) as s:
         run = make_run(s, run_config(tiny_dir))
-        tasks.run_init(s, run.id)
+        runs.run_init(s, run.id)
         make_update(s, run, 0, store_rollout(policy, [1.0, -1.0]))
         run_id = run.id
     try:

@@ -7,7 +7,7 @@ import torch
 from sqlalchemy import delete
 
 from services.policy.service import Policy
-from services.trainer import tasks
+from services.trainer import runs
 from services.trainer.checkpoint import get_checkpoint, latest_checkpoint
 from shared.db.models import Checkpoint, Run, Update
 from shared.db.session import session_scope
@@ -57,16 +57,16 @@ def head(path) -> torch.Tensor:  # type: ignore[no-untyped-def]
 
 def test_init_then_updates_resume_from_the_checkpoint(db, tiny_dir) -> None:  # type: ignore[no-untyped-def]
     run = make_run(db, run_config(tiny_dir))
-    assert tasks.run_init(db, run.id) == {} and tasks.run_init(db, run.id) == {"skipped": True}
+    assert runs.run_init(db, run.id) == {} and runs.run_init(db, run.id) == {"skipped": True}
     init = get_checkpoint(db, run.id, -1)
     assert init is not None and init.size_bytes > 0
     policy = Policy.load(tiny_dir, finetune="full")
     for k, rewards in enumerate(([1.0, -1.0], [-1.0, 1.0])):
         make_update(db, run, k, store_rollout(policy, rewards))
-    m0 = tasks.run_update(db, run.id, 0)
-    assert np.isfinite(m0["losses/policy"]) and tasks.run_update(db, run.id, 0) == {"skipped": True}
-    tasks.forget_run(run.id)  # a new worker process: the trainer comes back from checkpoint 0
-    m1 = tasks.run_update(db, run.id, 1)
+    m0 = runs.run_update(db, run.id, 0)
+    assert np.isfinite(m0["losses/policy"]) and runs.run_update(db, run.id, 0) == {"skipped": True}
+    runs.forget_run(run.id)  # a new worker process: the trainer comes back from checkpoint 0
+    m1 = runs.run_update(db, run.id, 1)
     assert m1["lr"] < m0["lr"]  # the cosine schedule resumed at its second step
     rows = db.query(Update).filter_by(run_id=run.id).order_by(Update.idx).all()
     assert all(r.metrics["trained"] and "losses/value" in r.metrics for r in rows)
@@ -83,7 +83,7 @@ def test_worker_does_not_train_a_redelivered_update_twice(pg_url, redis_url, tin
     policy = Policy.load(tiny_dir, finetune="full")
     with session_scope(pg_url) as s:
         run = make_run(s, run_config(tiny_dir))
-        tasks.run_init(s, run.id)
+        runs.run_init(s, run.id)
         make_update(s, run, 0, store_rollout(policy, [1.0, -1.0]))
         run_id = run.id
     try:

@@ -43,7 +43,7 @@ def test_second_run_reuses_the_warm_start_and_says_so(db, tiny_dir: Path) -> Non
     from services.cli import main
     from services.policy.checkpoint import read_checkpoint_meta
     from services.trainer.checkpoint import checkpoint_path, get_checkpoint
-    from services.trainer.tasks import run_init
+    from services.trainer.runs import run_init
 
     cfg = _cfg(tiny_dir, seed=7)
     first, second = make_run(db, cfg), make_run(db, cfg)
