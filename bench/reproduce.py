@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -238,16 +239,41 @@ def plan_items(
     return [(t, seed, variant) for seed in seeds for t in tasks if seed in task_seeds.get(t, seeds)]
 
 
+def recorded(rows: list[dict[str, Any]], out: Path, updates: int | None) -> set[str]:
+    """Run names whose every update is already in the results CSV: a study resumed in another
+    session (or on another machine) without this run's folder does not run it again."""
+    last: dict[tuple[str, str, int, str], int] = {}
+    for r in rows:
+        key = (r["task"], r["arm"], r["seed"], r.get("variant", ""))
+        last[key] = max(last.get(key, -1), r["update"])
+    done = set()
+    for (task, arm, seed, variant), top in last.items():
+        if not (STUDY["configs"] / f"{task}.toml").exists():
+            continue
+        cfg = run_config(task, arm, seed, out, updates, variant)
+        if top >= cfg["train"]["num_updates"] - 1:
+            done.add(run_name(task, arm, seed, variant))
+    return done
+
+
 def train_jobs(
-    items: list[tuple[str, int, str]], arms: list[str], out: Path, updates: int | None
+    items: list[tuple[str, int, str]],
+    arms: list[str],
+    out: Path,
+    updates: int | None,
+    done: Collection[str] = (),
 ) -> list[Job]:
     """`gtr train` per (task, seed, variant) and arm not completed yet, in order; a run another
-    process is driving right now is left alone."""
+    process is driving right now, and one the results CSV already holds (`done`), are left
+    alone."""
     jobs = []
     for task, seed, variant in items:
         for arm in arms:
             name = run_name(task, arm, seed, variant)
             run_dir = out / "runs" / name
+            if name in done and run_status(run_dir) != "completed":
+                print(f"skip  {name}: its updates are in the results CSV", flush=True)
+                continue
             if run_status(run_dir) == "completed" or is_live(run_dir):
                 continue
             if run_dir.exists():  # a half-finished run restarts from scratch
@@ -613,7 +639,9 @@ def conclusion_md(
             )
         )
         out.append(
-            f"- **{group}** ({n}+ seeds per arm, final greedy success): gtr {m['gtr']:.2f}, "
+            f"- **{group}** ({n}+ seeds per arm"
+            f"{', preliminary: fewer than the 3 the study asks for' if n < 3 else ''}"
+            f", final greedy success): gtr {m['gtr']:.2f}, "
             f"sft_only {m['sft_only']:.2f}, rl4vlm {m['rl4vlm']:.2f}: the paper's ordering "
             f"{verdict} ({'; '.join(wins)}). Probe at the last update: top-thought share "
             f"gtr {share['gtr']:.2f} / rl4vlm {share['rl4vlm']:.2f}, relevance gtr "
@@ -812,7 +840,8 @@ def main() -> None:
             run_jobs(warm_jobs(tasks, out), args.jobs, models)
         loads.append(os.getloadavg()[0])
         items = plan_items(tasks, seeds, task_seeds, args.variant, args.plan)
-        run_jobs(train_jobs(items, arms, out, args.updates), args.jobs, models)
+        done = recorded(read_csv(args.results / "updates.csv"), out, args.updates)
+        run_jobs(train_jobs(items, arms, out, args.updates, done), args.jobs, models)
         loads.append(os.getloadavg()[0])
     # --report-only rebuilds the page from the CSV alone; a study merges what it collected.
     kept = read_csv(args.results / "updates.csv")

@@ -4,9 +4,11 @@ conclusion follows from the numbers in that CSV (not from a hand-written sentenc
 from __future__ import annotations
 
 import csv
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [
@@ -99,3 +101,32 @@ def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_pa
     # ... and the page says plainly where it does not (points24).
     assert "the paper's ordering does **not** hold (gtr beat sft_only on 0 of 2 seeds" in page
     assert "no collapse contrast: both collapsed" in page
+    assert "**points24** (2+ seeds per arm, preliminary: fewer than the 3" in page
+    assert "**ezpoints** (3+ seeds per arm, final" in page
+
+
+def _reproduce() -> Any:
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "bench" / "reproduce.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["reproduce"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_run_whose_updates_are_in_the_csv_is_not_run_again(tmp_path: Path) -> None:
+    """A study resumed in a new checkout (no run folders) skips the runs its CSV completes."""
+    rp = _reproduce()
+    rows = [
+        {"task": "ezpoints", "arm": "gtr", "seed": 0, "variant": "", "update": u}
+        for u in range(60)  # configs/repro/ezpoints.toml: 60 updates, all recorded
+    ] + [
+        {"task": "ezpoints", "arm": "rl4vlm", "seed": 0, "variant": "", "update": u}
+        for u in range(30)  # cut off half-way: runs again
+    ]
+    done = rp.recorded(rows, tmp_path, None)
+    assert done == {"ezpoints-gtr-s0"}
+    assert rp.recorded(rows, tmp_path, 30) == {"ezpoints-gtr-s0", "ezpoints-rl4vlm-s0"}
+    jobs = rp.train_jobs([("ezpoints", 0, "")], ["gtr", "rl4vlm", "sft_only"], tmp_path, None, done)
+    assert [j.name for j in jobs] == ["ezpoints-rl4vlm-s0", "ezpoints-sft_only-s0"]
+    assert not (tmp_path / "runs" / "ezpoints-gtr-s0").exists()
