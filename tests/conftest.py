@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -139,11 +140,21 @@ def db(pg_url: str) -> Iterator:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny 1M LLaVA every model test uses, built once per session."""
-    from services.policy.tiny import build_tiny
+def default_model_dir() -> Path:
+    """The default tiny model (1M LLaVA, 64 px, the envs' corpus), built once per session into
+    the session's model folder, where every run without ``model.path`` finds it (the warm
+    checkpoint, the stacks' policy services). A test with a data folder of its own points
+    GTR_MODEL_DIR at ``default_model_dir.parent`` rather than build it again (~7 s of CPU)."""
+    from services.controller.stack import default_model
 
-    return build_tiny(tmp_path_factory.mktemp("tiny"), "llava", "1m")
+    return default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_dir: Path) -> Path:
+    """The tiny 1M LLaVA every model test uses: the default model, so built once per session
+    (``build_tiny(dir, "llava", "1m")`` would build exactly this folder again)."""
+    return default_model_dir
 
 
 @pytest.fixture(scope="session")
@@ -152,6 +163,75 @@ def warm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.e2e.helpers import make_warm_checkpoint
 
     return make_warm_checkpoint(tmp_path_factory.mktemp("warm"))
+
+
+# Tracking in the real run feeds tests/e2e/test_observe.py (each tracker read back by its own
+# library); the UI tests browse the same run.
+REAL_RUN_EXTRA = """eval_episodes = 2
+eval_every = 1
+[tracking]
+tensorboard = true
+wandb = true
+mlflow = true
+mlflow_experiment = "observe-test"
+"""
+
+
+@dataclass
+class RealRun:
+    """A short run the platform really trained (embedded: envs, policy, trainer, a noisy
+    oracle, the three trackers), shared by every test that reads what a run writes: the UI
+    pages, the exports, the trackers, the Prometheus counts."""
+
+    run_id: int
+    read_token: str
+    write_token: str
+    corrected_step_ids: list[int]
+    episodes: int
+
+
+@pytest.fixture(scope="session")
+def real_run(
+    pg_url: str, warm_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RealRun:
+    """Two updates of 4 envs x 4 steps from the session's warm checkpoint, evaluated after each
+    update, with the three trackers on (a few seconds): one run for the session, not one per
+    module that reads a run."""
+    from sqlalchemy import func, select
+
+    from services.api.auth import create_token
+    from services.api.service import create_run
+    from services.controller.backends import InProcessPolicy, InProcessTrainer, ThreadCorrections
+    from services.controller.console import load_config
+    from services.controller.service import RunDriver
+    from services.env import EnvPool
+    from shared.db.models import Correction, Episode
+    from shared.db.session import session_scope
+    from shared.settings import get_settings
+    from tests.e2e.helpers import tiny_config
+
+    cfg_file = tmp_path_factory.mktemp("real-run") / "real.toml"
+    cfg_file.write_text(tiny_config(warm_checkpoint, envs=4, steps=4, updates=2) + REAL_RUN_EXTRA)
+    cfg = load_config(cfg_file, name="real-tiny-run")
+    cfg = cfg.model_copy(update={"corrector": cfg.corrector.model_copy(update={"noise": 0.5})})
+    with session_scope() as s:
+        run_id = create_run(s, cfg, "real-ui").id
+        read = create_token(s, "real-ui-read", "read", "real-ui")[1]
+        write = create_token(s, "real-ui-write", "write", "real-ui")[1]
+    corrections = ThreadCorrections("oracle", 0.5, 0, get_settings())
+    driver = RunDriver(
+        run_id, EnvPool(), InProcessPolicy(cfg.model), corrections, InProcessTrainer()
+    )
+    assert driver.run() == "completed"
+    with session_scope() as s:
+        corrected = s.scalars(
+            select(Correction.step_id)
+            .where(Correction.run_id == run_id, Correction.verdict == "incorrect")
+            .order_by(Correction.step_id)
+        ).all()
+        episodes = s.scalar(select(func.count()).where(Episode.run_id == run_id)) or 0
+    assert corrected, "a noisy oracle corrects some steps"
+    return RealRun(run_id, read, write, list(corrected), int(episodes))
 
 
 def free_port() -> int:

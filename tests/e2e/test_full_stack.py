@@ -32,17 +32,17 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def full_stack(
-    pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    pg_url: str, redis_url: str, default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict]:
     """API, env and policy services, a trainer worker and a controller, on the test database.
 
     Corrector workers are left to the tests (some kill theirs). The policy service starts on the
     default tiny model and follows each run's checkpoints to that run's own base model (ALFWorld).
     """
-    from services.controller.stack import _wait_healthy, default_model
+    from services.controller.stack import _wait_healthy
 
     logs = tmp_path_factory.mktemp("stack-logs")
-    model = default_model()
+    model = default_model_dir
     port = free_port()
     urls = {
         "api": f"http://127.0.0.1:{port}",

@@ -19,40 +19,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from services.api.app import create_app
-from services.api.auth import create_token
 from shared.db.models import Correction, Run, Step, Update
 from shared.db.session import session_scope
-from tests.conftest import live_server
-from tests.e2e.helpers import tiny_config
+from tests.conftest import RealRun, live_server
 
 pytestmark = pytest.mark.slow
 
-TRACKED = """eval_episodes = 1
-eval_every = 1
-[tracking]
-tensorboard = true
-wandb = true
-mlflow = true
-mlflow_experiment = "observe-test"
-"""
-
 
 @pytest.fixture(scope="module")
-def tracked_run(pg_url: str, warm_checkpoint: Path, tmp_path_factory) -> int:  # type: ignore[no-untyped-def]
-    """2 updates of 2 envs x 3 steps, in this process (in-process trainer and corrector)."""
-    from services.api.service import create_run
-    from services.controller.console import load_config
-    from services.controller.loop import drive
-    from shared.settings import get_settings
-
-    cfg_file = tmp_path_factory.mktemp("observe") / "tracked.toml"
-    cfg_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=3, updates=2) + TRACKED)
-    cfg = load_config(cfg_file)
-    with session_scope() as s:
-        run_id = create_run(s, cfg, team="default").id
-    embedded = get_settings().model_copy(update={"redis_url": None})
-    assert drive(run_id, embedded) == "completed"
-    return run_id
+def tracked_run(real_run: RealRun) -> int:
+    """The session's real run (tests/conftest.py): 2 updates of 4 envs x 4 steps in this process
+    (in-process trainer and corrector), every tracker on, evaluated after each update."""
+    return real_run.run_id
 
 
 def _updates(run_id: int) -> list[dict]:
@@ -76,7 +54,7 @@ def test_trackers_receive_every_update_the_evaluation_config_and_summary(tracked
     assert [m["tracking/failures"] for m in updates] == [0.0, 0.0]
     with session_scope() as s:
         run = s.get(Run, tracked_run)
-        info = dict(run.info)
+        info, num_envs = dict(run.info), run.config["train"]["num_envs"]
     assert {k: v["ok"] for k, v in info["tracking"].items()} == {
         "tensorboard": True,
         "wandb": True,
@@ -104,7 +82,8 @@ def test_trackers_receive_every_update_the_evaluation_config_and_summary(tracked
         assert sorted((h.step, round(h.value, 5)) for h in hist) == [
             (i, round(m[k], 5)) for i, m in enumerate(updates)
         ]
-    assert mrun.data.params["train.num_envs"] == "2" and mrun.data.params["task"] == "numberline"
+    assert mrun.data.params["train.num_envs"] == str(num_envs) == "4"
+    assert mrun.data.params["task"] == "numberline"
     summary = json.loads(
         Path(client.download_artifacts(mrun.info.run_id, "summary.json")).read_text()
     )
@@ -134,7 +113,7 @@ def test_trackers_receive_every_update_the_evaluation_config_and_summary(tracked
             else []
         )
     }
-    assert config["task"] == "numberline" and config["train"]["num_envs"] == 2
+    assert config["task"] == "numberline" and config["train"]["num_envs"] == num_envs
     summaries = {
         i.key: json.loads(i.value_json)
         for r in records
@@ -182,11 +161,9 @@ def _corrected_steps(run_id: int) -> list[Step]:
 
 
 @pytest.fixture(scope="module")
-def api(pg_url: str) -> Iterator[tuple[str, dict]]:
-    with session_scope() as s:
-        raw = create_token(s, "observe", "read", "default")[1]
+def api(real_run: RealRun) -> Iterator[tuple[str, dict]]:
     with live_server(create_app()) as url:
-        yield url, {"Authorization": f"Bearer {raw}"}
+        yield url, {"Authorization": f"Bearer {real_run.read_token}"}  # the run's team
 
 
 def test_rest_export_streams_corrected_steps_and_metrics_count_it(

@@ -43,9 +43,15 @@ def _child(parent: int, role: str) -> int:
 
 
 def test_gtr_up_then_run_create_and_watch(
-    pg_url: str, redis_url: str, warm_checkpoint: Path, tmp_path: Path
+    pg_url: str, redis_url: str, warm_checkpoint: Path, default_model_dir: Path, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "GTR_DATA_DIR": str(tmp_path / "data")}
+    # A data folder of its own, but the session's model folder: `gtr up` finds its default
+    # model there instead of building it again (the build itself: tests/conftest.py).
+    env = {
+        **os.environ,
+        "GTR_DATA_DIR": str(tmp_path / "data"),
+        "GTR_MODEL_DIR": str(default_model_dir.parent),
+    }
     port = free_port()
     # Its own session: the whole process group (gtr up and every service) is stopped at the end.
     up = subprocess.Popen(

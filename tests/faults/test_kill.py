@@ -31,7 +31,6 @@ import pytest
 from sqlalchemy import func, select, update
 
 from services.api.auth import create_token
-from services.controller.stack import default_model
 from services.corrector.registry import create_corrector
 from services.corrector.schemas import CorrectorCreate
 from shared.db.models import Checkpoint, Correction, Run, Step, Update
@@ -45,7 +44,10 @@ from tests.services.corrector.conftest import FakeOpenAI, chat
 pytestmark = pytest.mark.slow
 
 E, S, U = 2, 4, 3  # envs, steps per update, updates of every run here
-LONG_UPDATES = {"ppo_epochs": 24}  # an update of a few seconds, so a kill lands inside one
+# Updates long enough that a fault lands inside one: the fault is injected within a fraction of
+# a second of the trainer taking the task, and each epoch adds about a quarter second (2 cores).
+# Every update of the run pays it, so no more epochs than the fault needs.
+LONG_UPDATES = {"ppo_epochs": 10}
 
 
 class NotSurvived(AssertionError):
@@ -53,7 +55,7 @@ class NotSurvived(AssertionError):
 
 
 @pytest.fixture(scope="module")
-def stack(warm_checkpoint: Path) -> Iterator[dict[str, Any]]:
+def stack(warm_checkpoint: Path, default_model_dir: Path) -> Iterator[dict[str, Any]]:
     need(
         bool(PG_BIN) and shutil.which("redis-server") is not None,
         "initdb/pg_ctl (under /usr/lib/postgresql/*/bin) and redis-server are needed",
@@ -76,10 +78,9 @@ def stack(warm_checkpoint: Path) -> Iterator[dict[str, Any]]:
         # A lost trainer task is sent again after 8 s without a sign of life (default 30 s).
         "GTR_TRAINER_LOST_AFTER_S": "8",
     }
-    st = Stack(root, env, default_model())
+    st = Stack(root, env, default_model_dir)
     try:
-        for name in st.args:
-            st.start(name)
+        st.start_all()
         with session_scope(pg.url) as s:
             token = create_token(s, "faults")[1]
         yield {
@@ -257,9 +258,13 @@ def test_kill_the_policy_service_mid_rollout(fresh: dict) -> None:
 def test_kill_the_corrector_worker_with_calls_in_flight(fresh: dict) -> None:
     fake = FakeOpenAI()
     threading.Thread(target=fake.server.serve_forever, args=(0.05,), daemon=True).start()
+    fast = chat('{"evaluation": "YES", "correction": null}')
     slow = chat('{"evaluation": "YES", "correction": null}')
     slow.delay_s = 3.0  # a call is in flight for 3 s: the kill lands on one
-    fake.default = slow
+    # The first rollout's calls (as many as the worker's 8 threads take at once) are slow, and
+    # the kill comes with the first of them; the calls after the restart need not wait.
+    fake.then(*[slow] * 8)
+    fake.default = fast
     with session_scope(fresh["url"]) as s:
         create_corrector(
             s,
@@ -314,7 +319,7 @@ def test_kill_the_trainer_worker_mid_update(fresh: dict) -> None:
     fresh["stack"].kill("trainer")
     assert killed is not None and _untrained_update(fresh, run_id) == killed  # killed mid-update
     fresh["stack"].start("trainer")
-    # Found lost after 8 s, the update again (~15 s: the model rebuilt) and the rest (~20 s).
+    # Found lost after 8 s, then the update again (the model rebuilt first) and the rest.
     _finish(fresh, run_id, 90)
 
 

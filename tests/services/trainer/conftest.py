@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -15,28 +13,11 @@ from shared.rollout import Rollout
 from shared.storage import blob_store
 
 
-def _corpus() -> list[str]:
-    """NumberLine-like outputs for the tokenizer (the env's own corpus when it is installed)."""
-    try:
-        from services.env.expert import corpus
-
-        return list(corpus(2000, 0))
-    except ImportError:
-        rng = random.Random(0)
-        lines = []
-        for _ in range(1500):
-            c, g = rng.randint(0, 9), rng.randint(0, 9)
-            a = "+" if g > c else "-"
-            thought = f"I am at {c}, the target is {g}, so I move {a}"
-            lines.append(json.dumps({"current": c, "target": g, "thoughts": thought, "action": a}))
-        return lines
-
-
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from services.policy.tiny import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("tiny"), "llava", "1m", 64, corpus=_corpus())
+def tiny_dir(default_model_dir: Path) -> Path:
+    """The session's default tiny model: ``build_tiny(dir, "llava", "1m", 64)`` on the envs'
+    own corpus (``services.env.expert.corpus(2000, 0)``), built once for every suite."""
+    return default_model_dir
 
 
 def put_image(color: tuple[int, int, int], seed: int = 0) -> str:
