@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from sqlalchemy import and_, case, column, exists, func, literal_column, or_, select, table
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql import Select
@@ -62,6 +62,12 @@ class StepFilter(BaseModel):
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
         return data
+
+    @field_validator("q", "action")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        """NUL, which PostgreSQL refuses in text, is stored as U+FFFD (models.FreeText)."""
+        return v.replace("\x00", "\ufffd") if v else v
 
     def query_string(self) -> dict[str, str]:
         """The filters set, as URL query parameters (permalinks, pager, export links)."""
@@ -226,7 +232,7 @@ def _text_ids(
     postgres = session.get_bind().dialect.name == "postgresql"
     desc = before is not None
     hits: list[int] = []
-    chunk = max(2 * n, 64)
+    chunk = 2 * n
     while True:
         query, key = search_query(run, f, after, before)
         # A step has one correction (one corrector per run), so the outer join adds no rows.

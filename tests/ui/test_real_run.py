@@ -7,7 +7,8 @@ from sqlalchemy import func, select
 
 from shared.db.models import Episode
 from shared.db.session import session_scope
-from tests.ui.conftest import RealRun, login, shot
+from tests.conftest import RealRun
+from tests.ui.conftest import login, shot
 
 
 def test_real_run_pages(page, base_url: str, real_run: RealRun) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,8 @@ from sqlalchemy import select
 
 from shared.db.models import Step
 from shared.db.session import session_scope
-from tests.ui.conftest import RealRun, login, shot
+from tests.conftest import RealRun
+from tests.ui.conftest import login, shot
 
 
 def test_corrected_filter_and_text_search(page, base_url: str, real_run: RealRun) -> None:  # type: ignore[no-untyped-def]
