@@ -17,7 +17,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from sqlalchemy import and_, case, column, exists, func, literal_column, or_, select, table
+from sqlalchemy import (
+    Integer,
+    and_,
+    case,
+    column,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+    table,
+)
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql import Select
 
@@ -101,16 +112,11 @@ def _row_match(postgres: bool, q: str, corr: Any) -> Any:
     thought or corrected thought, tested row by row: PostgreSQL parses the two texts, SQLite
     looks the row up in its FTS5 tables."""
     if postgres:
-        tsq = func.plainto_tsquery(literal_column(f"'{TS_CONFIG}'"), q)
-        return or_(
-            *(
-                func.to_tsvector(literal_column(f"'{TS_CONFIG}'"), func.coalesce(text, "")).op(
-                    "@@"
-                )(tsq)
-                for text in (Step.thought, corr.corrected_thought)
-            )
-        )
-    words, rowid = fts5_query(q), literal_column("rowid")
+        config: Any = literal_column(f"'{TS_CONFIG}'")
+        texts = (Step.thought, corr.corrected_thought)
+        parsed = [func.to_tsvector(config, func.coalesce(t, "")) for t in texts]
+        return or_(*(p.op("@@")(func.plainto_tsquery(config, q)) for p in parsed))
+    words, rowid = fts5_query(q), literal_column("rowid", Integer)
     in_correction = (
         exists()
         .select_from(CORRECTIONS_FTS)
