@@ -1,14 +1,17 @@
-"""Step-page and step-search latency with a million steps in PostgreSQL (issue 8: a step page
-within 200 ms; issue 17: a step search page within 100 ms at p95).
+"""Step-page and step-search latency with a million steps (issue 8: a step page within 200 ms;
+issue 17: a step search page within 100 ms at p95), on PostgreSQL or on the embedded SQLite.
 
-Creates its own database, bulk-loads one run of N steps with COPY (episodes of 10 steps, a third
-of the steps corrected, one thought in 1,000 holding the word "misread"), serves the app with
-uvicorn on a free port, and times the step page's JSON (`GET /api/steps/{id}`) and HTML
+Creates its own database, bulk-loads one run of N steps (PostgreSQL: COPY; SQLite: one
+transaction of INSERTs, through the FTS5 triggers of migration 0008), with episodes of 10 steps,
+a third of the steps corrected and one thought in 1,000 holding the word "misread"; serves the app
+with uvicorn on a free port, and times the step page's JSON (`GET /api/steps/{id}`) and HTML
 (`GET /runs/{run}/steps/{id}`) on random steps, the trace browser's episode list, the step search
-(verdict, update, full text, REST) and a step whose thought has 25,000 characters. Prints a
-markdown table for docs/benchmarks.md.
+(verdict, update, action and reward filters, full text, REST; deep pages through the `after`
+cursor a "later" link carries) and a step whose thought has 25,000 characters. Prints a markdown
+table for docs/benchmarks.md.
 
     .venv/bin/python bench/ui_bench.py --steps 1000000
+    .venv/bin/python bench/ui_bench.py --steps 1000000 --store sqlite
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 PG_ADMIN = os.environ.get("GTR_BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 DB_NAME = "gtr_bench_ui"
+SQLITE_URL = f"sqlite:///{Path(tempfile.gettempdir()) / 'gtr_bench_ui.sqlite3'}"
 EP_LEN = 10
 ENVS = 16
 ROLLOUT = ENVS * 128
@@ -38,18 +43,26 @@ PROMPT = (
 )
 
 
-def fresh_database() -> str:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+def pg_url() -> str:
     return (
         PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{DB_NAME}"
     )
 
 
-def drop_database() -> None:
+def fresh_database(url: str) -> None:
+    drop_database(url)
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+
+
+def drop_database(url: str) -> None:
+    if url.startswith("sqlite"):
+        for suffix in ("", "-wal", "-shm"):
+            Path(url.removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+        return
     import psycopg
 
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
@@ -171,11 +184,7 @@ CORRECTION_COLS = (
 )
 
 
-def load(url: str, n_steps: int) -> tuple[int, str]:
-    """Bulk-load one run with COPY; returns the run id and a read token."""
-    import psycopg
-    from sqlalchemy import text
-
+def _create_run(url: str, n_steps: int) -> tuple[int, str]:
     from services.api.auth import create_token
     from shared.db.models import Run
     from shared.db.session import session_scope
@@ -193,14 +202,46 @@ def load(url: str, n_steps: int) -> tuple[int, str]:
         )
         s.add(run)
         s.flush()
-        run_id, token = run.id, create_token(s, "bench", "read")[1]
-    now, shas = datetime.now(UTC), images()
+        return run.id, create_token(s, "bench", "read")[1]
+
+
+def _tables(run_id: int, n_steps: int, now: datetime) -> list[tuple[str, str, Iterator[tuple]]]:
+    return [
+        ("episodes", EPISODE_COLS, episode_rows(run_id, n_steps, now)),
+        ("steps", STEP_COLS, step_rows(run_id, n_steps, images(), now)),
+        ("corrections", CORRECTION_COLS, correction_rows(run_id, n_steps, now)),
+    ]
+
+
+def load(url: str, n_steps: int) -> tuple[int, str]:
+    """Bulk-load one run; returns the run id and a read token."""
+    from sqlalchemy import text
+
+    from shared.db.session import session_scope
+
+    run_id, token = _create_run(url, n_steps)
+    if url.startswith("sqlite"):
+        _insert_sqlite(url, _tables(run_id, n_steps, datetime.now(UTC)))
+    else:
+        _copy_postgres(url, _tables(run_id, n_steps, datetime.now(UTC)))
+    if url.startswith("sqlite"):
+        with session_scope(url) as s:
+            s.execute(text("ANALYZE"))
+    else:  # as autovacuum leaves a table that has settled: statistics, GIN pending lists merged
+        from sqlalchemy import create_engine
+
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text("VACUUM ANALYZE"))
+        engine.dispose()
+    return run_id, token
+
+
+def _copy_postgres(url: str, tables: list[tuple[str, str, Iterator[tuple]]]) -> None:
+    import psycopg
+
     with psycopg.connect(url.replace("+psycopg", "")) as conn, conn.cursor() as cur:
-        for table, cols, rows in (
-            ("episodes", EPISODE_COLS, episode_rows(run_id, n_steps, now)),
-            ("steps", STEP_COLS, step_rows(run_id, n_steps, shas, now)),
-            ("corrections", CORRECTION_COLS, correction_rows(run_id, n_steps, now)),
-        ):
+        for table, cols, rows in tables:
             with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
@@ -209,9 +250,43 @@ def load(url: str, n_steps: int) -> tuple[int, str]:
                 f"(SELECT max(id) FROM {table}))"
             )
         conn.commit()
+
+
+def _insert_sqlite(url: str, tables: list[tuple[str, str, Iterator[tuple]]]) -> None:
+    """Plain INSERTs in one transaction: the FTS5 triggers index every thought as it comes."""
+    import sqlite3
+
+    def cell(v: object) -> object:  # SQLAlchemy's own text form of a datetime on SQLite
+        return v.strftime("%Y-%m-%d %H:%M:%S.%f") if isinstance(v, datetime) else v
+
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    conn.execute("PRAGMA foreign_keys=OFF")  # the rows are consistent by construction
+    with conn:
+        for table, cols, rows in tables:
+            marks = ", ".join("?" * len(cols.split(",")))
+            conn.executemany(
+                f"INSERT INTO {table} ({cols}) VALUES ({marks})",
+                (tuple(cell(v) for v in row) for row in rows),
+            )
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def reuse(url: str) -> tuple[int, str, int]:
+    """The run a previous --keep left in the database, a fresh token and its long step."""
+    from sqlalchemy import select
+
+    from services.api.auth import create_token
+    from shared.db.models import Run, Step
+    from shared.db.session import session_scope
+
     with session_scope(url) as s:
-        s.execute(text("ANALYZE"))
-    return run_id, token
+        run_id = s.scalar(select(Run.id).where(Run.name == "bench-1m"))
+        if run_id is None:
+            raise SystemExit(f"no bench run in {url}: run once with --keep first")
+        long_id = s.scalar(select(Step.id).where(Step.run_id == run_id, Step.idx == EP_LEN))
+        assert long_id is not None
+        return run_id, create_token(s, "bench", "read")[1], long_id
 
 
 def long_step(url: str, run_id: int) -> int:
@@ -273,9 +348,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--samples", type=int, default=200)
-    ap.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
+    ap.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
+    ap.add_argument("--keep", action="store_true", help="keep the bench database afterwards")
+    ap.add_argument("--reuse", action="store_true", help="time the database --keep left")
+    ap.add_argument("--only", default="", help="time only the requests whose name holds this")
     args = ap.parse_args()
-    url = fresh_database()
+    url = SQLITE_URL if args.store == "sqlite" else pg_url()
     os.environ.update(
         GTR_DATABASE_URL=url,
         GTR_DATA_DIR=tempfile.mkdtemp(prefix="gtr-bench-"),
@@ -285,16 +363,21 @@ def main() -> None:
 
     from shared.db.migrate import upgrade
 
-    upgrade(url)
-    t = time.perf_counter()
-    run_id, token = load(url, args.steps)
-    print(f"loaded {args.steps:,} steps with COPY in {time.perf_counter() - t:.0f} s")
-    long_id = long_step(url, run_id)
+    if args.reuse:
+        run_id, token, long_id = reuse(url)
+    else:
+        fresh_database(url)
+        upgrade(url)
+        t = time.perf_counter()
+        run_id, token = load(url, args.steps)
+        print(f"loaded {args.steps:,} steps into {args.store} in {time.perf_counter() - t:.0f} s")
+        long_id = long_step(url, run_id)
     base = serve()
     rng = random.Random(1)
     ids = [rng.randint(1, args.steps) for _ in range(args.samples)]
     eps = [rng.randint(1, args.steps // EP_LEN) for _ in range(args.samples)]
     updates = [rng.randint(0, args.steps // ROLLOUT) for _ in range(args.samples)]
+    run = f"/runs/{run_id}"
     with httpx.Client(
         base_url=base, headers={"Authorization": f"Bearer {token}"}, cookies={"gtr_token": token}
     ) as c:
@@ -302,34 +385,43 @@ def main() -> None:
         def get(path: str) -> None:
             c.get(path).raise_for_status()
 
+        # Deep pages: the `after` cursor of a "later" link, anywhere in the run.
         cases = {
             "GET /api/steps/{id} (JSON)": [f"/api/steps/{i}" for i in ids],
-            "GET /runs/{run}/steps/{id} (HTML)": [f"/runs/{run_id}/steps/{i}" for i in ids],
+            "GET /runs/{run}/steps/{id} (HTML)": [f"{run}/steps/{i}" for i in ids],
             "GET /api/episodes/{id}/steps": [f"/api/episodes/{e}/steps" for e in eps],
             "GET /runs/{run}/episodes?update=U (HTML)": [
-                f"/runs/{run_id}/episodes?update={u}" for u in updates
+                f"{run}/episodes?update={u}" for u in updates
             ],
             "GET /runs/{run}/episodes?corrected=true&page=P (HTML)": [
-                f"/runs/{run_id}/episodes?corrected=true&page={rng.randint(1, 1000)}"
-                for _ in updates
+                f"{run}/episodes?corrected=true&page={rng.randint(1, 1000)}" for _ in updates
             ],
             "GET /runs/{run}/steps/{25k-char thought} (HTML)": [
-                f"/runs/{run_id}/steps/{long_id}" for _ in range(args.samples // 4)
+                f"{run}/steps/{long_id}" for _ in range(args.samples // 4)
             ],
-            "GET /runs/{run}/steps?verdict=corrected&page=P (HTML search)": [
-                f"/runs/{run_id}/steps?verdict=corrected&page={rng.randint(1, 20)}" for _ in updates
+            "GET /runs/{run}/steps?verdict=corrected (HTML search, first page)": [
+                f"{run}/steps?verdict=corrected" for _ in updates
+            ],
+            "GET /runs/{run}/steps?verdict=corrected&after=S (HTML search, deep page)": [
+                f"{run}/steps?verdict=corrected&after={i}" for i in ids
             ],
             "GET /runs/{run}/steps?update=U&verdict=corrected (HTML search)": [
-                f"/runs/{run_id}/steps?update={u}&verdict=corrected" for u in updates
+                f"{run}/steps?update={u}&verdict=corrected" for u in updates
             ],
-            "GET /runs/{run}/steps?q=misread (HTML full text, 1,000 hits)": [
-                f"/runs/{run_id}/steps?q=misread&page={rng.randint(1, 20)}" for _ in updates
+            "GET /runs/{run}/steps?action=+&reward_min=1&after=S (HTML search)": [
+                f"{run}/steps?action=%2B&reward_min=1&after={i}" for i in ids
+            ],
+            "GET /runs/{run}/steps?q=misread&after=S (HTML full text, 1,000 hits)": [
+                f"{run}/steps?q=misread&after={i}" for i in ids
             ],
             "GET /runs/{run}/steps?q=increase&update=U (HTML full text, every step)": [
-                f"/runs/{run_id}/steps?q=increase&update={u}" for u in updates
+                f"{run}/steps?q=increase&update={u}" for u in updates
             ],
-            "GET /runs/{run}/steps?q=increase (HTML full text, 1M hits)": [
-                f"/runs/{run_id}/steps?q=increase&page={rng.randint(1, 20)}" for _ in updates
+            "GET /runs/{run}/steps?q=increase&after=S (HTML full text, 1M hits)": [
+                f"{run}/steps?q=increase&after={i}" for i in ids
+            ],
+            "GET /runs/{run}/steps?q=zzyzx&after=S (HTML full text, a word in no thought)": [
+                f"{run}/steps?q=zzyzx&after={i}" for i in ids
             ],
             "GET /api/runs/{run}/steps?verdict=failed (JSON, no hit)": [
                 f"/api/runs/{run_id}/steps?verdict=failed" for _ in updates
@@ -337,15 +429,17 @@ def main() -> None:
         }
         print(
             f"\n{args.steps:,} steps, {args.steps // EP_LEN:,} episodes, "
-            f"{len(range(1, args.steps + 1, 3)):,} corrections; "
-            f"{args.samples} random requests each\n"
+            f"{len(range(1, args.steps + 1, 3)):,} corrections in {args.store}; "
+            f"{args.samples} random requests each; load average before: {os.getloadavg()}\n"
         )
         print("| request | p50 ms | p95 ms | max ms |\n| --- | ---: | ---: | ---: |")
         for name, paths in cases.items():
-            r = timed(get, paths)
-            print(f"| {name} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} |")
+            if args.only in name:
+                r = timed(get, paths)
+                print(f"| {name} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} |")
+        print(f"\nload average after: {os.getloadavg()}")
     if not args.keep:
-        drop_database()
+        drop_database(url)
 
 
 if __name__ == "__main__":

@@ -298,3 +298,67 @@ def celery_worker(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class RealRun:
+    """A short run the platform really trained (embedded: envs, policy, trainer, a noisy
+    oracle), shared by the tests that need what a run writes (the UI's, step search's)."""
+
+    run_id: int
+    read_token: str
+    write_token: str
+    corrected_step_ids: list[int]
+    episodes: int
+
+
+@pytest.fixture(scope="session")
+def real_run(pg_url: str, warm_checkpoint: Path) -> RealRun:
+    """Two updates of 4 envs x 4 steps from the session's warm checkpoint (a few seconds)."""
+    import tomllib
+
+    from sqlalchemy import func, select
+
+    from services.api.auth import create_token
+    from services.api.service import create_run
+    from services.controller.backends import (
+        InProcessPolicy,
+        InProcessTrainer,
+        ThreadCorrections,
+    )
+    from services.controller.service import RunDriver
+    from services.env import EnvPool
+    from shared.db.models import Correction, Episode
+    from shared.db.session import session_scope
+    from shared.schemas import RunConfig
+    from shared.settings import get_settings
+    from tests.e2e.helpers import tiny_config
+
+    cfg = RunConfig.model_validate(
+        tomllib.loads(tiny_config(warm_checkpoint, envs=4, steps=4, updates=2))
+    )
+    cfg = cfg.model_copy(
+        update={
+            "name": "real-tiny-run",
+            "corrector": cfg.corrector.model_copy(update={"noise": 0.5}),
+            "metrics": cfg.metrics.model_copy(update={"eval_episodes": 2}),
+        }
+    )
+    with session_scope() as s:
+        run_id = create_run(s, cfg, "real-ui").id
+        read = create_token(s, "real-ui-read", "read", "real-ui")[1]
+        write = create_token(s, "real-ui-write", "write", "real-ui")[1]
+    corrections = ThreadCorrections("oracle", 0.5, 0, get_settings())
+    driver = RunDriver(
+        run_id, EnvPool(), InProcessPolicy(cfg.model), corrections, InProcessTrainer()
+    )
+    assert driver.run() == "completed"
+    with session_scope() as s:
+        corrected = s.scalars(
+            select(Correction.step_id)
+            .where(Correction.run_id == run_id, Correction.verdict == "incorrect")
+            .order_by(Correction.step_id)
+        ).all()
+        episodes = s.scalar(select(func.count()).where(Episode.run_id == run_id)) or 0
+    assert corrected, "a noisy oracle corrects some steps"
+    return RealRun(run_id, read, write, list(corrected), int(episodes))

@@ -1,30 +1,50 @@
 """Step search: a run's steps filtered by verdict, format, action, reward, update and text.
 
-Full text runs on PostgreSQL's GIN indexes over ``to_tsvector('english', …)`` of the thought and
-the corrected thought (migration 0003); on SQLite (embedded) it is a case-insensitive LIKE.
-Results come in step-id order; the total is counted up to ``COUNT_CAP`` (a text search: up to
-its page) so that a page answers fast on runs of millions of steps ("1,000+" beyond).
+Full text matches the steps whose thought, or whose corrected thought, holds every word of the
+query, English-stemmed: on PostgreSQL through the GIN indexes over ``to_tsvector('english', …)``
+(migration 0003), on SQLite (embedded) through the FTS5 tables with Porter stemming (migration
+0008). Results come in step-id order, a page at a time after (or before) a step id, so a deep page
+costs what the first does. A search by filters counts its matches up to ``COUNT_CAP`` ("1,000+");
+a text search counts only through its page (a common word would be looked for in every thought of
+the run) and says whether more follow.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from sqlalchemy import exists, func, literal_column, select
-from sqlalchemy.orm import Session
+from pydantic import BaseModel, Field, field_validator, model_validator
+from sqlalchemy import (
+    Integer,
+    and_,
+    case,
+    column,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+    table,
+)
+from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql import Select
 
 from shared.db.models import Correction, Run, Step
 
 COUNT_CAP = 1_000
-MAX_OFFSET = 10_000  # deeper pages: narrow the search, or export it
+MAX_OFFSET = 10_000  # deeper pages: by the after/before cursors
 EXPORT_CAP = 100_000  # rows of one export; narrow the search for more
 TS_CONFIG = "english"
 # The indexed expressions of migration 0003, character for character.
 STEP_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(steps.thought, ''))"
 CORR_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(corrections.corrected_thought, ''))"
+# The FTS5 tables of migration 0008 (SQLite): a row's rowid is its step's / correction's id.
+STEPS_FTS, CORRECTIONS_FTS = table("steps_fts", column("rowid")), table("corrections_fts")
+WORD = re.compile(r"[^\W_]+")
+SPARSE = 8  # fewer than 1 step in SPARSE matching: a text search asks its index
 
 Verdict = Literal["corrected", "correct", "failed", "pending", "none"]
 
@@ -54,6 +74,12 @@ class StepFilter(BaseModel):
             return {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
         return data
 
+    @field_validator("q", "action")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        """NUL, which PostgreSQL refuses in text, is stored as U+FFFD (models.FreeText)."""
+        return v.replace("\x00", "\ufffd") if v else v
+
     def query_string(self) -> dict[str, str]:
         """The filters set, as URL query parameters (permalinks, pager, export links)."""
         return {
@@ -63,46 +89,121 @@ class StepFilter(BaseModel):
         }
 
 
-def _text_branches(session: Session, run_id: int, q: str) -> list[Any]:
-    """Conditions on Step: (1) its thought holds the words of ``q``, (2) its corrected thought
-    does. Kept apart (not OR-ed) so that each can use its own index: a GIN scan for a rare word,
-    the step-id order for a common one, as the planner judges."""
-    if session.get_bind().dialect.name == "postgresql":
-        # Written as the indexes of migration 0003 are, constants inline (a bound parameter
-        # in the expression would not match the index, and every row would be parsed).
+@dataclass
+class Hits:
+    """One page of a search."""
+
+    steps: Sequence[Step]
+    total: int  # matches counted: up to COUNT_CAP (filters), through this page (text)
+    capped: bool  # more match than ``total``
+    next_after: int | None  # the ``after`` cursor of the next page; None on the last
+    prev_before: int | None  # the ``before`` cursor of the previous page; None on the first
+
+
+def fts5_query(q: str) -> str:
+    """The words of ``q`` as an FTS5 query that matches rows holding all of them: each word a
+    quoted string, so no user text reaches FTS5's operators (AND, NEAR, *, ^, column:). No word:
+    an empty string, which matches nothing (as PostgreSQL's empty tsquery does)."""
+    return " ".join(f'"{w}"' for w in WORD.findall(q)) or '""'
+
+
+def _row_match(postgres: bool, q: str, corr: Any) -> Any:
+    """Whether a step (outer-joined to its correction ``corr``) holds the words of ``q`` in its
+    thought or corrected thought, tested row by row: PostgreSQL parses the two texts, SQLite
+    looks the row up in its FTS5 tables."""
+    if postgres:
+        config: Any = literal_column(f"'{TS_CONFIG}'")
+        texts = (Step.thought, corr.corrected_thought)
+        parsed = [func.to_tsvector(config, func.coalesce(t, "")) for t in texts]
+        return or_(*(p.op("@@")(func.plainto_tsquery(config, q)) for p in parsed))
+    words, rowid = fts5_query(q), literal_column("rowid", Integer)
+    in_correction = (
+        exists()
+        .select_from(CORRECTIONS_FTS)
+        .where(literal_column("corrections_fts").match(words), rowid == corr.id)
+    )
+    return or_(
+        exists().where(literal_column("steps_fts").match(words), STEPS_FTS.c.rowid == Step.id),
+        # FTS5 reads every match of a word for "rowid = NULL": a step with no correction
+        # must not ask (CASE, unlike AND, is sure to skip it).
+        case((corr.id.is_(None), False), else_=in_correction),
+    )
+
+
+def _indexed(postgres: bool, run_id: int, q: str, after: int, before: int | None) -> list[Any]:
+    """Conditions on Step: its thought holds the words of ``q``; its corrected thought does.
+    Each the whole set of matches past the cursor from its text index, built before the steps
+    are read (a rare word: the index lists its few steps at once)."""
+    if postgres:
+        # The expressions of migration 0003's indexes, constants inline (a bound parameter in
+        # the expression would not match the index).
         tsq = func.plainto_tsquery(literal_column(f"'{TS_CONFIG}'"), q)
-        in_thought = literal_column(STEP_TSV).op("@@")(tsq)
-        corr_match = literal_column(CORR_TSV).op("@@")(tsq)
-    else:
-        pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        in_thought = Step.thought.ilike(pattern, escape="\\")
-        corr_match = Correction.corrected_thought.ilike(pattern, escape="\\")
-    corrected = select(Correction.step_id).where(Correction.run_id == run_id, corr_match)
-    return [in_thought, Step.id.in_(corrected)]
-
-
-def _verdict(run_id: int, verdict: str, update: int | None) -> Any:
-    corr = select(Correction.step_id).where(Correction.run_id == run_id)
-    if update is not None:  # a correction belongs to its step's update (ix_corrections_run_update)
-        corr = corr.where(Correction.update_idx == update)
-    if verdict == "corrected":
-        return Step.id.in_(
-            corr.where(Correction.verdict == "incorrect", Correction.status == "done")
+        step_id: Any = Step.id
+        thought = select(Step.id).where(
+            Step.run_id == run_id, literal_column(STEP_TSV).op("@@")(tsq)
         )
-    if verdict == "correct":
-        return Step.id.in_(corr.where(Correction.verdict == "correct", Correction.status == "done"))
-    if verdict in ("failed", "pending"):
-        return Step.id.in_(corr.where(Correction.status == verdict))
-    return ~exists().where(Correction.step_id == Step.id)
+        corr = literal_column(CORR_TSV).op("@@")(tsq)
+    else:
+        words = fts5_query(q)
+        step_id = STEPS_FTS.c.rowid
+        thought = select(step_id).where(literal_column("steps_fts").match(words))
+        corr = Correction.id.in_(
+            select(literal_column("rowid"))
+            .select_from(CORRECTIONS_FTS)
+            .where(literal_column("corrections_fts").match(words))
+        )
+    thought = thought.where(step_id > after)
+    if before is not None:
+        thought = thought.where(step_id < before)
+    corrected = select(Correction.step_id).where(
+        Correction.run_id == run_id, corr, *_range(Correction, after, before)
+    )
+    if not postgres:  # SQLite builds an IN list from its subquery, once
+        return [Step.id.in_(thought), Step.id.in_(corrected)]
+    # MATERIALIZED: planned on their own, so that the planner cannot trade the index for a scan
+    # in id order that parses every thought to the end of the run.
+    hits = [
+        q.cte(f"hits_{i}").prefix_with("MATERIALIZED") for i, q in enumerate((thought, corrected))
+    ]
+    return [Step.id.in_(select(h.c[0])) for h in hits]
 
 
-def search_query(session: Session, run: Run, f: StepFilter) -> Select:
-    """Every filter but the text, which ``search_steps`` and ``export_rows`` add per branch."""
-    query = select(Step).where(Step.run_id == run.id)
+def _range(corr: Any, after: int, before: int | None) -> list[Any]:
+    """The page's step-id range, stated on the corrections too: a join then starts at the
+    cursor instead of at the run's first correction."""
+    bounds = [corr.step_id > after]
+    return bounds if before is None else [*bounds, corr.step_id < before]
+
+
+VERDICTS: dict[str, list[Any]] = {
+    "corrected": [Correction.verdict == "incorrect", Correction.status == "done"],
+    "correct": [Correction.verdict == "correct", Correction.status == "done"],
+    "failed": [Correction.status == "failed"],
+    "pending": [Correction.status == "pending"],
+}
+
+
+def search_query(
+    run: Run, f: StepFilter, after: int = 0, before: int | None = None
+) -> tuple[Select, Any]:
+    """The ids of the steps past ``after`` (and before ``before``) that pass every filter but
+    the text, which ``_ids`` adds; and the column to order them by."""
+    query, key = select(Step.id).where(Step.run_id == run.id, Step.id > after), Step.id
+    if before is not None:
+        query = query.where(Step.id < before)
     if f.update is not None:
         query = query.where(Step.update_idx == f.update)
-    if f.verdict:
-        query = query.where(_verdict(run.id, f.verdict, f.update))
+    if f.verdict == "none":
+        query = query.where(~exists().where(Correction.step_id == Step.id))
+    elif f.verdict:
+        # Joined and ordered by the correction's step id: both engines then walk
+        # corrections(run_id, verdict | status, step_id) from the cursor and stop at the page.
+        query = query.join(Correction, Correction.step_id == Step.id).where(
+            Correction.run_id == run.id, *VERDICTS[f.verdict], *_range(Correction, after, before)
+        )
+        if f.update is not None:  # a correction belongs to its step's update
+            query = query.where(Correction.update_idx == f.update)
+        key = Correction.step_id
     if f.format_valid is not None:
         query = query.where(Step.format_valid.is_(f.format_valid))
     if f.action:
@@ -111,38 +212,98 @@ def search_query(session: Session, run: Run, f: StepFilter) -> Select:
         query = query.where(Step.reward >= f.reward_min)
     if f.reward_max is not None:
         query = query.where(Step.reward <= f.reward_max)
-    return query
+    return query, key
 
 
-def _branches(session: Session, run: Run, f: StepFilter) -> list[Select]:
-    base = search_query(session, run, f)
+def _ids(
+    session: Session, run: Run, f: StepFilter, n: int, after: int = 0, before: int | None = None
+) -> list[int]:
+    """The first ``n`` matching step ids past ``after`` in ascending order, or with ``before``,
+    the last ``n`` before it in descending order."""
     q = (f.q or "").strip()
-    return [base.where(c) for c in _text_branches(session, run.id, q)] if q else [base]
+    if q:
+        return _text_ids(session, run, f, q, n, after, before)
+    query, key = search_query(run, f, after, before)
+    order = key.desc() if before is not None else key
+    return list(dict.fromkeys(session.scalars(query.order_by(order).limit(n))))
 
 
-def _ids(session: Session, branches: list[Select], n: int, after: int = 0) -> list[int]:
-    """The first ``n`` matching step ids (past ``after``) of the branches, merged in order."""
-    ids: set[int] = set()
-    for branch in branches:
-        query = branch.with_only_columns(Step.id).where(Step.id > after).order_by(Step.id)
-        ids.update(session.scalars(query.limit(n)))
-    return sorted(ids)[:n]
+def _text_ids(
+    session: Session, run: Run, f: StepFilter, q: str, n: int, after: int, before: int | None
+) -> list[int]:
+    """A common word is found fastest by reading the steps in order and testing each; a rare one
+    by its index, which lists all its steps at once (reading in order would test the whole run,
+    and the planner cannot tell which is which for a word its statistics do not hold). So:
+    read in order while at least one step in ``SPARSE`` matches, then ask the indexes."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    desc = before is not None
+    hits: list[int] = []
+    chunk = 2 * n
+    while True:
+        query, key = search_query(run, f, after, before)
+        # A step has one correction (one corrector per run), so the outer join adds no rows.
+        corr = aliased(Correction)
+        probe = (
+            query.add_columns(_row_match(postgres, q, corr))
+            .outerjoin(corr, and_(corr.step_id == Step.id, *_range(corr, after, before)))
+            .order_by(key.desc() if desc else key)
+            .limit(chunk)
+        )
+        rows = session.execute(probe).all()
+        found = [i for i, m in rows if m and i not in hits]
+        hits += found
+        if len(hits) >= n or len(rows) < chunk:  # enough, or the end of the run
+            return hits[:n]
+        after, before = (after, rows[-1][0]) if desc else (rows[-1][0], before)
+        if len(found) * SPARSE < len(rows):
+            break
+        chunk = min(2 * chunk, 1024)
+    query, key = search_query(run, f, after, before)
+    ids = set(hits)
+    for cond in _indexed(postgres, run.id, q, after, before):
+        ordered = query.where(cond).order_by(key.desc() if desc else key)
+        ids.update(session.scalars(ordered.limit(n - len(hits))))
+    return sorted(ids, reverse=desc)[:n]
+
+
+def _count(session: Session, run: Run, f: StepFilter) -> int:
+    """Matches of a search by filters, counted up to COUNT_CAP + 1 in the database."""
+    capped = search_query(run, f)[0].limit(COUNT_CAP + 1).subquery()
+    return int(session.scalar(select(func.count()).select_from(capped)) or 0)
 
 
 def search_steps(
-    session: Session, run: Run, f: StepFilter, limit: int, offset: int
-) -> tuple[Sequence[Step], int, bool]:
-    """A page of matching steps, the total, and whether counting stopped short of it.
-
-    Filters count up to COUNT_CAP. A text search counts only through this page (a common word
-    would otherwise be looked for in every thought of the run), and says whether more follow."""
-    branches = _branches(session, run, f)
-    text = bool((f.q or "").strip())
-    cap = offset + limit if text else max(COUNT_CAP, offset + limit)
-    ids = _ids(session, branches, cap + 1)
-    page = ids[offset : offset + limit]
+    session: Session,
+    run: Run,
+    f: StepFilter,
+    limit: int,
+    offset: int = 0,
+    after: int | None = None,
+    before: int | None = None,
+) -> Hits:
+    """A page of matching steps: the first after ``after`` (skipping ``offset``), or the last
+    before ``before``; with the total as counted and the cursors of its neighbours."""
+    if before is not None:
+        ids = _ids(session, run, f, limit + 1, before=before)
+        page = sorted(ids[:limit])
+        more_before, more_after = len(ids) > limit, True
+    else:
+        ids = _ids(session, run, f, offset + limit + 1, after=after or 0)
+        page = ids[offset : offset + limit]
+        more_before, more_after = bool(after or offset), len(ids) > offset + limit
     rows = session.scalars(select(Step).where(Step.id.in_(page)).order_by(Step.id)).all()
-    return rows, min(len(ids), cap), len(ids) > cap
+    if (f.q or "").strip():
+        total, capped = offset + len(page), more_after
+    else:
+        total = _count(session, run, f)
+        total, capped = min(total, COUNT_CAP), total > COUNT_CAP
+    return Hits(
+        rows,
+        total,
+        capped,
+        next_after=page[-1] if page and more_after else None,
+        prev_before=page[0] if page and more_before else None,
+    )
 
 
 def verdicts(session: Session, step_ids: list[int]) -> dict[int, Correction]:
@@ -169,10 +330,9 @@ EXPORT_COLUMNS = (
 
 def export_rows(session: Session, run: Run, f: StepFilter) -> Iterator[dict[str, Any]]:
     """Every matching step (up to EXPORT_CAP) as a flat record, in pages of 1,000."""
-    branches = _branches(session, run, f)
     last, sent = 0, 0
     while sent < EXPORT_CAP:
-        ids = _ids(session, branches, min(1000, EXPORT_CAP - sent), after=last)
+        ids = _ids(session, run, f, min(1000, EXPORT_CAP - sent), after=last)
         rows = session.scalars(select(Step).where(Step.id.in_(ids)).order_by(Step.id)).all()
         if not rows:
             return

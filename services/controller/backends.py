@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from shared.db.models import Correction
 from shared.db.session import session_scope
+from shared.phase import RunCancelled, cancel_requested
 from shared.queues import QUEUE_TRAINER, TASK_CORRECT, TASK_INIT, TASK_UPDATE, celery_app
 from shared.settings import Settings
 
@@ -60,7 +61,7 @@ if TYPE_CHECKING:  # mypy holds both to the contract
 
 class Corrections(Protocol):
     def submit(self, run_id: int, step_ids: list[int]) -> None: ...
-    def close(self) -> None: ...
+    def close(self, wait: bool = True) -> None: ...
 
 
 def backlog_of(corrections: Corrections, step_ids: list[int]) -> set[int]:
@@ -90,9 +91,12 @@ def pending_corrections(run_id: int, step_ids: list[int]) -> int:
 
 
 def wait_for_corrections(run_id: int, step_ids: list[int], timeout_s: float) -> int:
-    """Strict mode: wait for this rollout's corrections; returns how many are still missing."""
+    """Strict mode: wait for this rollout's corrections; returns how many are still missing.
+    A cancel of the run ends the wait (RunCancelled): a slow corrector must not hold it."""
     deadline = time.monotonic() + timeout_s
     while (left := pending_corrections(run_id, step_ids)) and time.monotonic() < deadline:
+        if cancel_requested(run_id):
+            raise RunCancelled(f"run {run_id} cancelled while it waited for corrections")
         time.sleep(0.2)
     return left
 
@@ -336,8 +340,10 @@ class ThreadCorrections:
         with self._lock:
             return self._queued.intersection(step_ids)
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=False)
+    def close(self, wait: bool = True) -> None:
+        """Finish every queued correction; or (a cancelled run) drop the queued ones and leave
+        those in flight to end in the background, however slow the corrector."""
+        self.pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
 class CeleryCorrections:
@@ -351,7 +357,7 @@ class CeleryCorrections:
             # The result is the database row: no result-backend subscription per task.
             celery_app.send_task(TASK_CORRECT, args=[sid, self.name], ignore_result=True)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass
 
     def health(self) -> None:

@@ -701,7 +701,7 @@ class RunDriver:
     def _end(self, status: str, error: str | None = None) -> str:
         if self.corrections is not None and status != "failed":
             try:
-                self.corrections.close()
+                self.corrections.close(wait=status != "cancelled")
             except Exception:
                 log.exception("closing the correction pool")
         if self.corrections is not None:

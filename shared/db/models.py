@@ -200,7 +200,8 @@ class Correction(Base):
     __tablename__ = "corrections"
     __table_args__ = (
         UniqueConstraint("step_id", "corrector"),
-        Index("ix_corrections_run_status", "run_id", "status"),
+        # step_id last: the verdict filter of step search walks it in step order (migration 0008)
+        Index("ix_corrections_run_status_step", "run_id", "status", "step_id"),
         Index("ix_corrections_run_verdict", "run_id", "verdict", "step_id"),
         Index("ix_corrections_run_update", "run_id", "update_idx"),
     )

@@ -10,7 +10,10 @@ import sys
 import pytest
 from sqlalchemy import create_engine, text
 
+from services.controller.recorder import discard_after
+from shared.db.session import session_scope
 from tests.e2e.helpers import ROOT, counts, tiny_config
+from tests.services.api.search_checks import check_search
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +57,23 @@ def test_gtr_train_embedded_completes_with_exact_counts(tmp_path, warm_checkpoin
     evals = _update_metrics(f"sqlite:///{db}")
     assert [m["eval/episodes"] for m in evals] == [4.0, 4.0]
     assert all(0.0 <= m["eval/success_rate"] <= 1.0 for m in evals)
+    # Step search on what the run wrote: FTS5 kept in step by the recorder's inserts and the
+    # corrections' late updates, then by a resume's deletes.
+    url = f"sqlite:///{db}"
+    _fts_integrity(url)
+    check_search(url, 1)
+    with session_scope(url) as s:
+        assert discard_after(s, 1, 0) == 2 * 4
+    _fts_integrity(url)
+
+
+def _fts_integrity(url: str) -> None:
+    """FTS5 compares its index with the text of every row and raises on any difference."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for fts in ("steps_fts", "corrections_fts"):
+            conn.execute(text(f"INSERT INTO {fts}({fts}, rank) VALUES ('integrity-check', 1)"))
+    engine.dispose()
 
 
 def _update_metrics(url: str) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Browser fixtures: the seeded database, the app under uvicorn, and Debian's Chromium."""
+"""Browser fixtures: the seeded database, the app under uvicorn, and Debian's Chromium (the
+really trained run, ``real_run``, is a session fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 

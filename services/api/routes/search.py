@@ -29,6 +29,13 @@ Reader = Annotated[ApiToken, Depends(require_read)]
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 Filter = Annotated[search.StepFilter, Query()]
 Format = Literal["csv", "json"]
+# Keyset cursors: a page starts after (or ends before) a step id, at the same cost at any depth.
+After = Annotated[
+    int | None, Query(ge=0, le=2**63 - 1, description="Steps after this step id (a cursor)")
+]
+Before = Annotated[
+    int | None, Query(ge=1, le=2**63 - 1, description="Steps before this step id (a cursor)")
+]
 # A download: CSV (format=csv) or JSON (format=json), documented for clients and schemathesis.
 DOWNLOAD: dict[int | str, dict[str, Any]] = {
     200: {
@@ -54,7 +61,9 @@ class StepHit(BaseModel):
 
 
 class StepPage(Page[StepHit]):
-    capped: bool = False  # the total stopped counting at search.COUNT_CAP
+    capped: bool = False  # more match than `total` (counting stopped at search.COUNT_CAP)
+    next_after: int | None = None  # pass as `after` for the next page; None on the last
+    prev_before: int | None = None  # pass as `before` for the previous page; None on the first
 
 
 def _hits(db: Session, rows: Any) -> list[StepHit]:
@@ -84,11 +93,22 @@ def search_steps(
     f: Filter,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=search.MAX_OFFSET)] = 0,
+    after: After = None,
+    before: Before = None,
 ) -> StepPage:
-    """Steps of a run by verdict, format, action, reward, update and words of the thoughts."""
+    """Steps of a run by verdict, format, action, reward, update and words of the thoughts,
+    in step order; page on with `after=next_after` (or back with `before=prev_before`)."""
     run = service.get_run(db, token, run_id)
-    rows, total, capped = search.search_steps(db, run, f, limit, offset)
-    return StepPage(items=_hits(db, rows), total=total, limit=limit, offset=offset, capped=capped)
+    hits = search.search_steps(db, run, f, limit, offset, after, before)
+    return StepPage(
+        items=_hits(db, hits.steps),
+        total=hits.total,
+        limit=limit,
+        offset=offset,
+        capped=hits.capped,
+        next_after=hits.next_after,
+        prev_before=hits.prev_before,
+    )
 
 
 @router.get("/api/runs/{run_id}/steps/export", tags=["runs"], responses=DOWNLOAD)
@@ -169,29 +189,32 @@ def steps_page(
     db: Db,
     me: User,
     f: Filter,
-    page: Annotated[int, Query(ge=1, le=search.MAX_OFFSET // PAGE_SIZE + 1)] = 1,
+    after: After = None,
+    before: Before = None,
 ) -> HTMLResponse:
     """Search a run's steps; every result opens its step page; the URL is the permalink."""
     try:
         run = service.get_run(db, me, run_id)
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
-    rows, total, capped = search.search_steps(db, run, f, PAGE_SIZE, (page - 1) * PAGE_SIZE)
+    hits = search.search_steps(db, run, f, PAGE_SIZE, after=after, before=before)
     query = urlencode(f.query_string())
+    base = f"/runs/{run.id}/steps?" + (query + "&" if query else "")
     return render(
         request,
         "steps.html",
         me,
         run=run,
         f=f,
-        hits=_hits(db, rows),
+        hits=_hits(db, hits.steps),
         verdicts=("corrected", "correct", "failed", "pending", "none"),
-        pager={
-            "page": page,
-            # Counting stopped: the pager offers the next page while there is one.
-            "last": page + 1 if capped else max(1, math.ceil(total / PAGE_SIZE)),
-            "total": total,
+        total=hits.total,
+        capped=hits.capped,
+        text=bool((f.q or "").strip()),
+        pages={
+            "first": base.rstrip("?&") if hits.prev_before is not None else None,
+            "earlier": None if hits.prev_before is None else f"{base}before={hits.prev_before}",
+            "later": None if hits.next_after is None else f"{base}after={hits.next_after}",
         },
-        capped=capped,
         query=query,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,6 +70,8 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         # Set: one request at a time, like llama.cpp's server with one slot; the others queue.
         self.serial: threading.Lock | None = None
+        # Set: a delayed reply goes out at once (a test ends without waiting out a slow one).
+        self.release = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -94,9 +95,9 @@ class FakeOpenAI:
                 reply = reply or Reply(status=500, body={"error": {"message": "script exhausted"}})
                 if fake.serial is not None:
                     with fake.serial:
-                        time.sleep(reply.delay_s)
+                        fake.release.wait(reply.delay_s)
                 else:
-                    time.sleep(reply.delay_s)
+                    fake.release.wait(reply.delay_s)
                 data = (
                     reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
                 ).encode()
