@@ -66,7 +66,7 @@ class StepRecord:
     success: bool | None  # when done
     final_state: dict[str, Any] | None  # when done
     correct: bool = False  # queue it for correction once written
-    display_png: bytes | None = None  # the frame for people (PNG); None: they see `image`
+    display_png: bytes | None = None  # the frame for people (PNG); None: drawn when viewed
 
 
 EpisodeEnd = Callable[[EpisodeCursor, bool, dict[str, Any]], None]
@@ -102,8 +102,8 @@ def record_step_batch(
             "episode_id": cursors[r.env].episode_id,
             "idx": cursors[r.env].length,
             "image_sha": sha,
-            # Content-addressed, so a repeated display frame is stored once.
-            "display_sha": frames.blobs.put(r.display_png) if r.display_png else sha,
+            # Only frames no state can redraw come here (THOR); the rest are drawn when viewed.
+            "display_sha": frames.blobs.put(r.display_png) if r.display_png else None,
         }
         for r, sha in zip(records, shas, strict=True)
     ]
