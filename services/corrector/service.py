@@ -2,7 +2,9 @@
 
 `record_correction` is what both the embedded thread pool and the Celery task call: it loads the
 step, calls the corrector, and writes the result (or the failure and its reason) exactly once per
-step and corrector.
+step and corrector. `record_corrections` does the same for many steps with one read and one write
+for all of them, for correctors that answer in process (the oracle), where the per-step
+transaction cost far more than the correction itself.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import base64
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -23,8 +25,9 @@ from services.corrector.keys import decrypt_key
 from services.corrector.oracle import OracleCorrector
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
-from services.corrector.spend import run_budget
+from services.corrector.spend import RunBudget, run_budget
 from shared.db import models
+from shared.db.bulk import insert_many
 from shared.db.models import utcnow
 from shared.schemas import SELF_TEACHER, CorrectionRequest
 from shared.settings import Settings
@@ -39,6 +42,7 @@ __all__ = [
     "OracleCorrector",
     "build_corrector",
     "record_correction",
+    "record_corrections",
     "request_for_step",
 ]
 
@@ -222,7 +226,6 @@ def _outcome(
     on_send: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The columns of the step's correction: the result, or the failure and its reason."""
-    budget = run_budget(session, step.run_id, name)
 
     def wanted() -> bool:
         """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog)"""
@@ -233,12 +236,26 @@ def _outcome(
             on_send()
         return True
 
+    budget = run_budget(session, step.run_id, name)
+    return _answer(
+        step, name, corrector, lambda: request_for_step(session, step, blobs), budget, wanted
+    )
+
+
+def _answer(
+    step: models.Step,
+    name: str,
+    corrector: Corrector,
+    request: Callable[[], CorrectionRequest],
+    budget: RunBudget | None,
+    wanted: Callable[[], bool] | None,
+) -> dict[str, Any]:
     trace = CallTrace(budget=budget, wanted=wanted)
     start = time.perf_counter()
     try:
         if budget is not None:
             budget.check()  # spent already: no request is even built
-        correction = corrector.correct(request_for_step(session, step, blobs), trace)
+        correction = corrector.correct(request(), trace)
     except CorrectorError as e:
         return _failure(step, name, trace, start, stored_error(e), e.raw)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
@@ -271,3 +288,133 @@ def _failure(
         "latency_ms": (time.perf_counter() - start) * 1000,
         "finished_at": utcnow(),
     }
+
+
+# ---- many steps at once ---------------------------------------------------------------------
+
+# Correctors that answer in process, in microseconds: their steps are corrected in batches.
+BATCHED = frozenset({ORACLE})
+
+_ROW: dict[
+    str, Any
+] = {  # every column a correction row sets, so that all rows of a batch share their keys
+    "verdict": None,
+    "corrected_thought": None,
+    "extras": {},
+    "reasoning": None,
+    "raw": None,
+    "error": None,
+    "latency_ms": None,
+    "tokens": 0,
+    "attempts": 0,
+    "finished_at": None,
+}
+
+
+def record_corrections(
+    session: Session,
+    step_ids: list[int],
+    corrector_name: str,
+    corrector: Corrector,
+    blobs: BlobStore | None = None,
+) -> int:
+    """``record_correction`` for many steps: the same rows and counts, with one read of the
+    steps, their runs and their episodes' histories, and one bulk insert (``COPY`` on
+    PostgreSQL) for all the new rows. The corrector is called one step after another: meant for
+    correctors that answer in process. Steps with a pending row, and a batch that loses a race
+    with another writer, go through ``record_correction`` one by one. Returns the steps
+    corrected by this call."""
+    blobs = blobs or blob_store()
+    steps = session.scalars(select(models.Step).where(models.Step.id.in_(step_ids))).all()
+    status = dict(
+        session.execute(
+            select(models.Correction.step_id, models.Correction.status).where(
+                models.Correction.step_id.in_(step_ids),
+                models.Correction.corrector == corrector_name,
+            )
+        ).all()
+    )
+    fresh = [st for st in steps if st.id not in status]
+    requests = _requests(session, fresh, blobs)
+    budgets = {r: run_budget(session, r, corrector_name) for r in {st.run_id for st in fresh}}
+    rows = []
+    for st in fresh:
+        values = _answer(st, corrector_name, corrector, requests[st.id], budgets[st.run_id], None)
+        base = {"step_id": st.id, "run_id": st.run_id, "update_idx": st.update_idx}
+        rows.append(_ROW | base | {"corrector": corrector_name} | values)
+    try:
+        with session.begin_nested():
+            if rows:
+                insert_many(session, cast(Table, models.Correction.__table__), rows)
+    except IntegrityError:  # another writer finished some of them meanwhile: one at a time
+        for st in fresh:
+            record_correction(session, st.id, corrector_name, corrector, blobs)
+        rows = []
+    _count_corrected_many(session, {st.id: st for st in fresh}, rows)
+    pending = [i for i, state in status.items() if state == "pending"]
+    for sid in pending:
+        record_correction(session, sid, corrector_name, corrector, blobs)
+    return len(fresh) + len(pending)
+
+
+def _requests(
+    session: Session, steps: list[models.Step], blobs: BlobStore
+) -> dict[int, Callable[[], CorrectionRequest]]:
+    """Each step's correction request (as ``request_for_step``), from one query for the runs and
+    one for the actions taken earlier in the steps' episodes; each distinct frame read once."""
+    runs = {
+        r.id: r
+        for r in session.scalars(
+            select(models.Run).where(models.Run.id.in_({st.run_id for st in steps}))
+        )
+    }
+    taken: dict[int, list[tuple[int, str | None]]] = {}
+    for episode_id, idx, action in session.execute(
+        select(models.Step.episode_id, models.Step.idx, models.Step.parsed_action)
+        .where(models.Step.episode_id.in_({st.episode_id for st in steps}))
+        .order_by(models.Step.episode_id, models.Step.idx)
+    ):
+        taken.setdefault(episode_id, []).append((idx, action))
+    images: dict[str, str] = {}
+
+    def image(sha: str | None) -> str | None:
+        if sha and sha not in images:
+            images[sha] = base64.b64encode(blobs.get(sha)).decode()
+        return images.get(sha) if sha else None
+
+    def request(st: models.Step) -> CorrectionRequest:
+        run = runs.get(st.run_id)
+        if run is None:
+            raise LookupError(f"run {st.run_id} of step {st.id} not found")
+        history = [a or "" for i, a in taken.get(st.episode_id, []) if i < st.idx]
+        return CorrectionRequest.model_validate(
+            {
+                "task": run.task,
+                "image_png_b64": image(st.image_sha),
+                "prompt": st.prompt,
+                "output": st.output,
+                "state": st.state or None,
+                "history": history[-200:],
+            }
+        )
+
+    return {st.id: (lambda st=st: request(st)) for st in steps}  # type: ignore[misc]
+
+
+def _count_corrected_many(
+    session: Session, steps: dict[int, models.Step], rows: list[dict[str, Any]]
+) -> None:
+    """``count_corrected`` for the rows of a batch: one increment per episode."""
+    per_episode: dict[int, int] = {}
+    for r in rows:
+        if r["status"] == "done" and r["verdict"] == "incorrect":
+            eid = steps[r["step_id"]].episode_id
+            per_episode[eid] = per_episode.get(eid, 0) + 1
+    if per_episode:
+        episodes = cast(Table, models.Episode.__table__)
+        session.execute(
+            update(episodes)
+            .where(episodes.c.id == bindparam("eid"))
+            .values(corrected_steps=episodes.c.corrected_steps + bindparam("n")),
+            [{"eid": e, "n": n} for e, n in per_episode.items()],
+        )
