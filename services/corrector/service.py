@@ -347,6 +347,7 @@ def record_corrections(
             if rows:
                 insert_many(session, cast(Table, models.Correction.__table__), rows)
     except IntegrityError:  # another writer finished some of them meanwhile: one at a time
+        fresh = [st for st in fresh if _existing(session, st.id, corrector_name) is None]
         for st in fresh:
             record_correction(session, st.id, corrector_name, corrector, blobs)
         rows = []
