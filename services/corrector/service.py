@@ -27,7 +27,7 @@ from services.corrector.remote import HttpCorrector, OpenAICorrector, RemotePara
 from services.corrector.resilience import Budget, BudgetExceeded
 from services.corrector.spend import RunBudget, run_budget
 from shared.db import models
-from shared.db.bulk import insert_many
+from shared.db.bulk import insert_many, insert_new
 from shared.db.models import utcnow
 from shared.schemas import SELF_TEACHER, CorrectionRequest
 from shared.settings import Settings
@@ -319,56 +319,65 @@ def record_corrections(
     blobs: BlobStore | None = None,
 ) -> int:
     """``record_correction`` for many steps: the same rows and counts, with one read of the
-    steps, their runs and their episodes' histories, and one bulk insert (``COPY`` on
-    PostgreSQL) for all the new rows. The corrector is called one step after another: meant for
-    correctors that answer in process. Steps with a pending row, and a batch that loses a race
-    with another writer, go through ``record_correction`` one by one. Returns the steps
-    corrected by this call."""
+    steps (their runs and correction states joined), one of their episodes' histories, and one
+    insert for all the new rows. The corrector is called one step after another: meant for
+    correctors that answer in process. Steps with a pending row go through
+    ``record_correction``; a step another writer finished meanwhile keeps that writer's row.
+    Returns the steps corrected by this call."""
     blobs = blobs or blob_store()
-    steps = session.scalars(select(models.Step).where(models.Step.id.in_(step_ids))).all()
-    status = dict(
-        session.execute(
-            select(models.Correction.step_id, models.Correction.status).where(
-                models.Correction.step_id.in_(step_ids),
-                models.Correction.corrector == corrector_name,
-            )
-        ).all()
-    )
-    fresh = [st for st in steps if st.id not in status]
-    requests = _requests(session, fresh, blobs)
+    found = session.execute(
+        select(models.Step, models.Run.task, models.Correction.status)
+        .join(models.Run, models.Run.id == models.Step.run_id)
+        .outerjoin(
+            models.Correction,
+            (models.Correction.step_id == models.Step.id)
+            & (models.Correction.corrector == corrector_name),
+        )
+        .where(models.Step.id.in_(step_ids))
+    ).all()
+    fresh = [st for st, _, state in found if state is None]
+    tasks = {st.run_id: task for st, task, _ in found}
+    requests = _requests(session, fresh, tasks, blobs)
     budgets = {r: run_budget(session, r, corrector_name) for r in {st.run_id for st in fresh}}
     rows = []
     for st in fresh:
         values = _answer(st, corrector_name, corrector, requests[st.id], budgets[st.run_id], None)
         base = {"step_id": st.id, "run_id": st.run_id, "update_idx": st.update_idx}
         rows.append(_ROW | base | {"corrector": corrector_name} | values)
-    try:
-        with session.begin_nested():
-            if rows:
-                insert_many(session, cast(Table, models.Correction.__table__), rows)
-    except IntegrityError:  # another writer finished some of them meanwhile: one at a time
-        fresh = [st for st in fresh if _existing(session, st.id, corrector_name) is None]
-        for st in fresh:
-            record_correction(session, st.id, corrector_name, corrector, blobs)
-        rows = []
-    _count_corrected_many(session, {st.id: st for st in fresh}, rows)
-    pending = [i for i, state in status.items() if state == "pending"]
+    written = _insert_new(session, rows, corrector, blobs) if rows else set()
+    _count_corrected_many(session, {st.id: st for st in fresh}, rows, written)
+    pending = [st.id for st, _, state in found if state == "pending"]
     for sid in pending:
         record_correction(session, sid, corrector_name, corrector, blobs)
-    return len(fresh) + len(pending)
+    return len(written) + len(pending)
+
+
+def _insert_new(
+    session: Session, rows: list[dict[str, Any]], corrector: Corrector, blobs: BlobStore
+) -> set[int]:
+    """Insert the rows of steps no other writer finished meanwhile; their step ids.
+    PostgreSQL: one statement that skips the rows another writer got first. SQLite (one writer
+    at a time): one insert, or, if it collides after all, the steps one by one."""
+    table = cast(Table, models.Correction.__table__)
+    if session.get_bind().dialect.name == "postgresql":
+        return set(insert_new(session, table, rows, ("step_id", "corrector"), "step_id"))
+    try:
+        with session.begin_nested():
+            insert_many(session, table, rows)
+        return {r["step_id"] for r in rows}
+    except IntegrityError:
+        name = rows[0]["corrector"]
+        todo = [r["step_id"] for r in rows if _existing(session, r["step_id"], name) is None]
+        for sid in todo:
+            record_correction(session, sid, name, corrector, blobs)
+        return set()  # counted by record_correction
 
 
 def _requests(
-    session: Session, steps: list[models.Step], blobs: BlobStore
+    session: Session, steps: list[models.Step], tasks: dict[int, str], blobs: BlobStore
 ) -> dict[int, Callable[[], CorrectionRequest]]:
-    """Each step's correction request (as ``request_for_step``), from one query for the runs and
-    one for the actions taken earlier in the steps' episodes; each distinct frame read once."""
-    runs = {
-        r.id: r
-        for r in session.scalars(
-            select(models.Run).where(models.Run.id.in_({st.run_id for st in steps}))
-        )
-    }
+    """Each step's correction request (as ``request_for_step``), from one query for the actions
+    taken earlier in the steps' episodes; each distinct frame read once."""
     taken: dict[int, list[tuple[int, str | None]]] = {}
     for episode_id, idx, action in session.execute(
         select(models.Step.episode_id, models.Step.idx, models.Step.parsed_action)
@@ -384,13 +393,10 @@ def _requests(
         return images.get(sha) if sha else None
 
     def request(st: models.Step) -> CorrectionRequest:
-        run = runs.get(st.run_id)
-        if run is None:
-            raise LookupError(f"run {st.run_id} of step {st.id} not found")
         history = [a or "" for i, a in taken.get(st.episode_id, []) if i < st.idx]
         return CorrectionRequest.model_validate(
             {
-                "task": run.task,
+                "task": tasks[st.run_id],
                 "image_png_b64": image(st.image_sha),
                 "prompt": st.prompt,
                 "output": st.output,
@@ -403,12 +409,12 @@ def _requests(
 
 
 def _count_corrected_many(
-    session: Session, steps: dict[int, models.Step], rows: list[dict[str, Any]]
+    session: Session, steps: dict[int, models.Step], rows: list[dict[str, Any]], written: set[int]
 ) -> None:
-    """``count_corrected`` for the rows of a batch: one increment per episode."""
+    """``count_corrected`` for the rows this batch wrote: one increment per episode."""
     per_episode: dict[int, int] = {}
     for r in rows:
-        if r["status"] == "done" and r["verdict"] == "incorrect":
+        if r["step_id"] in written and r["status"] == "done" and r["verdict"] == "incorrect":
             eid = steps[r["step_id"]].episode_id
             per_episode[eid] = per_episode.get(eid, 0) + 1
     if per_episode:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from sqlalchemy import Table, insert, text
+from sqlalchemy import JSON, Table, insert, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -56,3 +57,40 @@ def copy_rows(s: Session, table: Table, rows: list[dict[str, Any]]) -> None:
                 cp.write_row([p(r[c]) if p else r[c] for c, p in zip(cols, procs, strict=True)])
     except psycopg.errors.IntegrityError as e:  # as SQLAlchemy raises it for an INSERT
         raise IntegrityError(sql, None, e) from e
+
+
+def insert_new(
+    s: Session, table: Table, rows: list[dict[str, Any]], unique: tuple[str, ...], returning: str
+) -> list[Any]:
+    """PostgreSQL: insert ``rows`` (same keys each) but those that collide on the ``unique``
+    columns, in one statement: the columns travel as arrays through ``unnest``, so the statement
+    text is the same for any number of rows and is prepared once. Returns ``returning`` of the
+    rows inserted (a writer that lost a race to another finds its rows left out)."""
+    dialect = s.get_bind().dialect
+    given = list(rows[0])
+    defaults = {
+        c.name: c.default.arg  # type: ignore[attr-defined]
+        for c in table.columns
+        if c.name not in given and c.default is not None and hasattr(c.default, "arg")
+    }
+    cols, arrays, params = given + list(defaults), [], {}
+    for i, c in enumerate(cols):
+        col = table.c[c]
+        if c in defaults:
+            d = defaults[c]
+            values = [d(None) if callable(d) else d for _ in rows]
+        else:
+            values = [r[c] for r in rows]
+        if isinstance(col.type, JSON):  # as text, cast by the server: no per-row adapter
+            values = [None if v is None else json.dumps(v) for v in values]
+            arrays.append(f"CAST(CAST(:p{i} AS text[]) AS {col.type.compile(dialect)}[])")
+        else:
+            proc = col.type._cached_bind_processor(dialect)
+            values = [proc(v) for v in values] if proc else values
+            arrays.append(f"CAST(:p{i} AS {col.type.compile(dialect)}[])")
+        params[f"p{i}"] = values
+    sql = (
+        f"INSERT INTO {table.name} ({', '.join(cols)}) SELECT * FROM unnest({', '.join(arrays)}) "
+        f"ON CONFLICT ({', '.join(unique)}) DO NOTHING RETURNING {returning}"
+    )
+    return list(s.scalars(text(sql), params))
