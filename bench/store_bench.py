@@ -12,10 +12,12 @@ into fresh runs, so only the store is timed. Two recorder paths:
   RETURNING`` for the steps and a few statements per rollout step, one commit.
 
 Every step row references its frame (``image_sha``; the 36 NumberLine frames are stored once as
-blobs). Corrections: the corrector writes them, one row per well-formed step, through
-``services.corrector.service.record_correction`` (the oracle, no network); they are timed the
-same way on the steps just written, and the last column counts steps per second with those
-corrections included. Rounds interleave the settings; the median is reported with the load.
+blobs). Corrections: the oracle's (no network), one row per well-formed step, timed on the steps
+just written; the last column counts steps per second with those corrections included. After the
+per-step recorder they are written as before, one transaction per step
+(``services.corrector.service.record_correction``); after the batched one, one transaction per
+rollout step (``record_corrections``, what one ``corrector.correct_batch`` task does). Rounds
+interleave the settings; the median is reported with the load.
 """
 
 from __future__ import annotations
@@ -147,20 +149,26 @@ def batched(url: str, rollout: list, envs: int) -> list[int]:
     return ids
 
 
-def correct(url: str, step_ids: list[int], valid: list[bool]) -> int:
-    """The oracle's corrections of the well-formed steps, one row each, as the worker writes."""
+def correct(url: str, step_ids: list[int], valid: list[bool], envs: int, batch: bool) -> int:
+    """The oracle's corrections of the well-formed steps: one transaction per step, or (batch)
+    one per rollout step of ``envs`` steps."""
     from services.corrector.oracle import OracleCorrector
-    from services.corrector.service import record_correction
+    from services.corrector.service import record_correction, record_corrections
     from shared.db.session import session_scope
 
     oracle = OracleCorrector()
-    n = 0
-    for sid, ok in zip(step_ids, valid, strict=True):
-        if ok:
+    todo = [sid for sid, ok in zip(step_ids, valid, strict=True) if ok]
+    if batch:
+        for t in range(0, len(step_ids), envs):
+            pairs = zip(step_ids[t : t + envs], valid[t : t + envs], strict=True)
+            chunk = [sid for sid, ok in pairs if ok]
             with session_scope(url) as s:
-                record_correction(s, sid, "oracle", oracle)
-            n += 1
-    return n
+                record_corrections(s, chunk, "oracle", oracle)
+        return len(todo)
+    for sid in todo:
+        with session_scope(url) as s:
+            record_correction(s, sid, "oracle", oracle)
+    return len(todo)
 
 
 def fresh_pg() -> str:
@@ -206,28 +214,29 @@ def main() -> None:
                 dt = time.perf_counter() - t0
                 assert len(ids) == n
                 t1 = time.perf_counter()
-                corrected = correct(url, ids, valid) if name == "batched" else 0
+                corrected = correct(url, ids, valid, args.envs, batch=name == "batched")
                 dc = time.perf_counter() - t1
                 rates.setdefault((db, name), []).append(n / dt)
                 loads.setdefault((db, name), []).append(os.getloadavg()[0])
-                if corrected:
-                    with_corr.setdefault((db, name), []).append(n / (dt + dc))
-                    with_corr.setdefault((db, "corrections/s"), []).append(corrected / dc)
+                with_corr.setdefault((db, name), []).append(n / (dt + dc))
+                with_corr.setdefault((db, f"{name} corrections/s"), []).append(corrected / dc)
                 print(f"round {r} {db} {name}: {n / dt:.0f} steps/s", flush=True)
     print(f"\n{args.envs} envs x {args.steps} rollout steps = {n} steps per round, "
           f"{sum(valid)} well-formed (corrected), median of {args.repeat} rounds")  # fmt: skip
     print("| store | recorder | steps/s (rounds) | load avg | median steps/s | with corrections |")
     print("|---|---|---|---|---:|---:|")
     for (db, name), v in rates.items():
+        if "/" in name:
+            continue
         rounds = ", ".join(f"{x:.0f}" for x in v)
         load = ", ".join(f"{x:.1f}" for x in loads[(db, name)])
         wc = with_corr.get((db, name))
         wcs = f"{statistics.median(wc):.0f}" if wc else "-"
         print(f"| {db} | {name} | {rounds} | {load} | {statistics.median(v):.0f} | {wcs} |")
     for db in urls:
-        c = with_corr.get((db, "corrections/s"))
-        if c:
-            print(f"{db}: record_correction (oracle), median {statistics.median(c):.0f} rows/s")
+        for name, how in (("per step", "record_correction"), ("batched", "record_corrections")):
+            c = with_corr[(db, f"{name} corrections/s")]
+            print(f"{db}: {how} (oracle), median {statistics.median(c):.0f} rows/s")
 
 
 if __name__ == "__main__":

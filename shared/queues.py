@@ -16,6 +16,7 @@ QUEUE_CONTROL = "control"
 
 # Task names: "<service>.<verb>".
 TASK_CORRECT = "corrector.correct"
+TASK_CORRECT_BATCH = "corrector.correct_batch"  # many steps, one transaction (oracle)
 TASK_UPDATE = "trainer.update"
 TASK_INIT = "trainer.init"
 TASK_PING = "control.ping"

@@ -51,7 +51,8 @@ class EnvConfig(_Strict):
         None,
         ge=0,
         le=1024,
-        description="Side of the frame drawn for people beside the model's input; None = 320 on "
+        description="Side of the frame drawn for people beside the model's input (from the step's "
+        "state, when its page is viewed); None = 320 on "
         "a run's recorded steps and none elsewhere; 0 or not above image_size = none",
     )
 

@@ -111,7 +111,8 @@ class StepOut(_Orm):
     value: float | None
     logprob: float | None
     image_sha: str | None
-    display_sha: str | None = None  # the frame at display resolution (blob); else image_sha
+    display_sha: str | None = None  # the frame for people (blob), once drawn: see display_url
+    display_url: str = ""  # the frame for people (PNG), drawn from `state` on first view
     state: dict[str, Any]
     corrections: list[CorrectionOut] = []
 

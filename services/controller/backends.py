@@ -22,7 +22,14 @@ from sqlalchemy.exc import IntegrityError
 from shared.db.models import Correction
 from shared.db.session import session_scope
 from shared.phase import RunCancelled, cancel_requested
-from shared.queues import QUEUE_TRAINER, TASK_CORRECT, TASK_INIT, TASK_UPDATE, celery_app
+from shared.queues import (
+    QUEUE_TRAINER,
+    TASK_CORRECT,
+    TASK_CORRECT_BATCH,
+    TASK_INIT,
+    TASK_UPDATE,
+    celery_app,
+)
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -329,10 +336,31 @@ class ThreadCorrections:
             self._queued.discard(step_id)
             self._running.add(step_id)
 
+    def _many(self, step_ids: list[int]) -> None:
+        """A batch of steps for a corrector that answers in process: one transaction."""
+        from services.corrector.service import record_corrections
+
+        with self._lock:
+            self._queued.difference_update(step_ids)
+            self._running.update(step_ids)
+        try:
+            with session_scope() as s:
+                record_corrections(s, step_ids, self.name, self.corrector)
+        except Exception:  # noqa: BLE001 - the sweep and the final wait record what is missing
+            log.exception("correction of steps %s failed", step_ids)
+        finally:
+            with self._lock:
+                self._running.difference_update(step_ids)
+
     def submit(self, run_id: int, step_ids: list[int]) -> None:
+        from services.corrector.service import BATCHED
+
         with self._lock:
             fresh = [i for i in step_ids if i not in self._queued and i not in self._running]
             self._queued.update(fresh)
+        if self.name in BATCHED and fresh:
+            self.pool.submit(self._many, fresh)
+            return
         for sid in fresh:
             self.pool.submit(self._one, sid)
 
@@ -353,6 +381,11 @@ class CeleryCorrections:
         self.name = corrector_name
 
     def submit(self, run_id: int, step_ids: list[int]) -> None:
+        from services.corrector.service import BATCHED
+
+        if self.name in BATCHED and step_ids:  # one task, one transaction, for them all
+            celery_app.send_task(TASK_CORRECT_BATCH, args=[step_ids, self.name], ignore_result=True)
+            return
         for sid in step_ids:
             # The result is the database row: no result-backend subscription per task.
             celery_app.send_task(TASK_CORRECT, args=[sid, self.name], ignore_result=True)

@@ -75,10 +75,10 @@ def touch_episode(session: Session, cursor: EpisodeCursor) -> None:
 
 def add_step(session: Session, blobs: BlobStore, **values: Any) -> Step:
     """A step row; its image (the model's input) and display frame (for people) become blobs,
-    each stored once by hash. Without a display frame, people see the input."""
+    each stored once by hash. Without a display frame, the step page draws one from the state."""
     image, display_png = values.pop("image", None), values.pop("display_png", None)
     values["image_sha"] = blobs.put(png_bytes(image)) if image is not None else None
-    values["display_sha"] = blobs.put(display_png) if display_png else values["image_sha"]
+    values["display_sha"] = blobs.put(display_png) if display_png else None
     row = Step(**values)
     session.add(row)
     return row

@@ -49,6 +49,7 @@ from services.controller.recorder import (
 from services.controller.timing import StageClock
 from services.controller.tracking import Trackers, final_summary, run_info_metrics
 from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
+from services.env.display import record_time_size
 from shared.db.models import utcnow
 from shared.db.session import session_scope
 from shared.phase import RunCancelled, cancel_requested, set_phase
@@ -64,7 +65,6 @@ log = logging.getLogger("gtr.controller")
 PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
 # A correction's finished_at is stamped before its row commits: look back this far for late ones.
 LATE_MARGIN = timedelta(seconds=120)
-DISPLAY_SIZE = 320  # px of the frame people see on a recorded step: the page shows it at 340
 
 
 class Cancelled(Exception):
@@ -546,9 +546,10 @@ class RunDriver:
         # grpo: the G envs of a group share a seed, so their k-th episodes are the same deal.
         per = self.cfg.train.group_size if self.cfg.algorithm in GROUP_ALGORITHMS else 1
         self._envs_update = u
-        env = self.cfg.env  # recorded steps get a frame for people, unless the config says not
-        if env.display_size is None:
-            env = env.model_copy(update={"display_size": DISPLAY_SIZE})
+        # Frames for people are drawn from the stored state when viewed; only those no state can
+        # redraw (THOR's camera) are drawn while recording.
+        size = record_time_size(self.cfg.task, self.cfg.env.model_dump())
+        env = self.cfg.env.model_copy(update={"display_size": size})
         with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.

@@ -1,11 +1,13 @@
 """Recording a rollout off its critical path, one transaction per rollout step.
 
 ``record_step_batch`` writes what all envs of a run did in one rollout step with a handful of
-statements whatever the number of envs: one multi-row ``INSERT ... RETURNING`` for the steps, one
-for the episodes that start, one executemany ``UPDATE`` for the open episodes' running totals,
-one ``UPDATE`` of the run's counters (which also reads its cancel flag). The per-step path it
-replaces made two or three round trips per env (an ``INSERT`` flushed for its id, an episode
-``UPDATE``), which the full stack paid to PostgreSQL on the rollout's critical path.
+statements whatever the number of envs. PostgreSQL: three (the new ids; the steps by ``COPY``;
+one statement for the episodes' totals, the episodes that start and the run's counters, which
+also reads its cancel flag). SQLite: a multi-row ``INSERT ... RETURNING`` for the steps and for
+the episodes that start, an executemany ``UPDATE`` for the episodes, one for the run. The
+per-step path it replaces made two or three round trips per env (an ``INSERT`` flushed for its
+id, an episode ``UPDATE``), which the full stack paid to PostgreSQL on the rollout's critical
+path.
 
 ``WritePipeline`` runs those writes on one background thread, in order, while the controller
 generates the next step; the step ids come back when the rollout ends. Frames are stored once:
@@ -23,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import Table, insert, text, update
+from sqlalchemy import Table, text, update
 from sqlalchemy.orm import Session
 
 from services.controller.recorder import EpisodeCursor, png_bytes
+from shared.db.bulk import copy_rows, insert_many
 from shared.db.models import Episode, Run, Step, utcnow
 from shared.storage import BlobStore
 
@@ -66,7 +69,7 @@ class StepRecord:
     success: bool | None  # when done
     final_state: dict[str, Any] | None  # when done
     correct: bool = False  # queue it for correction once written
-    display_png: bytes | None = None  # the frame for people (PNG); None: they see `image`
+    display_png: bytes | None = None  # the frame for people (PNG); None: drawn when viewed
 
 
 EpisodeEnd = Callable[[EpisodeCursor, bool, dict[str, Any]], None]
@@ -92,8 +95,6 @@ def record_step_batch(
     rollout step. Nothing of value can be lost: a crash loses at most the last fraction of a
     second of commits, all of them rollout steps past the last trained update, which a resumed
     run discards and collects again anyway (``recorder.discard_after``)."""
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(text("SET LOCAL synchronous_commit TO OFF"))
     shas = [frames.sha(r.image) if r.image is not None else None for r in records]
     rows = [
         {
@@ -102,122 +103,140 @@ def record_step_batch(
             "episode_id": cursors[r.env].episode_id,
             "idx": cursors[r.env].length,
             "image_sha": sha,
-            # Content-addressed, so a repeated display frame is stored once.
-            "display_sha": frames.blobs.put(r.display_png) if r.display_png else sha,
+            # Only frames no state can redraw come here (THOR); the rest are drawn when viewed.
+            "display_sha": frames.blobs.put(r.display_png) if r.display_png else None,
         }
         for r, sha in zip(records, shas, strict=True)
     ]
-    ids = insert_many(s, cast(Table, Step.__table__), rows)
-    touched, closed, ended = [], [], []
+    totals, ended = _advance(records, cursors)
+    new = [
+        {"run_id": run_id, "env_index": e, "seq": cur.seq + 1, "update_idx": update_idx, "meta": {}}
+        for e, cur, _, _ in ended
+    ]
+    run_set = {"env_steps": len(records), "heartbeat_at": utcnow(), **(run_values or {})}
+    if s.get_bind().dialect.name == "postgresql":
+        ids, opened, cancel = _write_pg(s, rows, totals, new, run_id, run_set)
+    else:
+        ids = insert_many(s, cast(Table, Step.__table__), rows)
+        for batch in (
+            [
+                {k: t[k] for k in ("id", "length", "total_return")}
+                for t in totals
+                if not t["closed"]
+            ],
+            [{**t, "finished": True} for t in totals if t["closed"]],
+        ):
+            if batch:
+                s.execute(
+                    update(Episode), [{k: v for k, v in t.items() if k != "closed"} for t in batch]
+                )
+        opened = insert_many(s, cast(Table, Episode.__table__), new) if new else []
+        steps = run_set.pop("env_steps")
+        cancel = bool(
+            s.scalar(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(env_steps=Run.env_steps + steps, **run_set)
+                .returning(Run.cancel_requested)
+            )
+        )
+    for (e, cur, success, final), eid in zip(ended, opened, strict=True):
+        if on_episode_end is not None:
+            on_episode_end(cur, success, final)
+        cursors[e] = EpisodeCursor(eid, cur.seq + 1)
+    return ids, [sha or "" for sha in shas], bool(cancel)
+
+
+def _advance(
+    records: list[StepRecord], cursors: list[EpisodeCursor]
+) -> tuple[list[dict[str, Any]], list[tuple[int, EpisodeCursor, bool, dict[str, Any]]]]:
+    """Move each env's open episode on by its step: the episodes' new running totals (``closed``
+    and ``success`` for those that ended), and the ended ones (env, cursor, success, state)."""
+    totals, ended = [], []
     for r in records:
         cur = cursors[r.env]
         cur.length += 1
         cur.total_return += float(r.columns["reward"])
-        if r.done:
-            success = bool(r.success)
-            closed.append(
-                {
-                    "id": cur.episode_id,
-                    "length": cur.length,
-                    "total_return": cur.total_return,
-                    "success": success,
-                    "finished": True,
-                }  # fmt: skip
-            )
-            ended.append((r.env, cur, success, r.final_state or {}))
-        else:
-            touched.append(
-                {"id": cur.episode_id, "length": cur.length, "total_return": cur.total_return}
-            )
-    for batch in (touched, closed):
-        if batch:
-            update_episodes(s, batch)
-    if ended:
-        new = [
+        success = bool(r.success) if r.done else None
+        totals.append(
             {
-                "run_id": run_id,
-                "env_index": e,
-                "seq": cur.seq + 1,
-                "update_idx": update_idx,
-                "meta": {},
+                "id": cur.episode_id,
+                "length": cur.length,
+                "total_return": cur.total_return,
+                "success": success,
+                "closed": r.done,
             }  # fmt: skip
-            for e, cur, _, _ in ended
-        ]
-        opened = insert_many(s, cast(Table, Episode.__table__), new)
-        for (e, cur, success, final), eid in zip(ended, opened, strict=True):
-            if on_episode_end is not None:
-                on_episode_end(cur, success, final)
-            cursors[e] = EpisodeCursor(eid, cur.seq + 1)
-    cancel = s.scalar(
-        update(Run)
-        .where(Run.id == run_id)
-        .values(env_steps=Run.env_steps + len(records), heartbeat_at=utcnow(), **(run_values or {}))
-        .returning(Run.cancel_requested)
-    )
-    return ids, [sha or "" for sha in shas], bool(cancel)
-
-
-def insert_many(s: Session, table: Table, rows: list[dict[str, Any]]) -> list[int]:
-    """Insert ``rows`` (same keys each) into ``table``; returns their new ids, in order.
-
-    PostgreSQL: the ids are drawn from the table's sequence in one query, then the rows go in
-    with ``COPY``, the server's bulk path (a multi-row ``INSERT`` is a long new statement text
-    each time, which psycopg parses again on every call; an executemany still runs one statement
-    per row on the server). Elsewhere: one multi-row ``INSERT ... RETURNING`` on the Core table
-    (the ORM's bulk insert would split the rows by their sets of non-null columns)."""
-    if s.get_bind().dialect.name != "postgresql":
-        stmt = insert(table).returning(table.c.id, sort_by_parameter_order=True)
-        return list(s.scalars(stmt, rows))
-    ids = sorted(
-        s.scalars(
-            text("SELECT nextval(pg_get_serial_sequence(:t, 'id')) FROM generate_series(1, :n)"),
-            {"t": table.name, "n": len(rows)},
         )
+        if r.done:
+            ended.append((r.env, cur, bool(success), r.final_state or {}))
+    return totals, ended
+
+
+# The episodes' totals, the episodes that start and the run's counter, in one statement.
+_PG_EPISODES_AND_RUN = """
+WITH moved AS (
+  UPDATE episodes SET length = v.length, total_return = v.total_return,
+    success = CASE WHEN v.closed THEN v.success ELSE episodes.success END,
+    finished = episodes.finished OR v.closed
+  FROM unnest(CAST(:id AS integer[]), CAST(:length AS integer[]), CAST(:total_return AS float8[]),
+              CAST(:success AS boolean[]), CAST(:closed AS boolean[]))
+       AS v(id, length, total_return, success, closed)
+  WHERE episodes.id = v.id
+), opened AS (
+  INSERT INTO episodes (id, run_id, env_index, seq, update_idx, length, total_return, finished,
+                        corrected_steps, meta)
+  SELECT v.id, :run_id, v.env_index, v.seq, :update_idx, 0, 0.0, false, 0, CAST('{{}}' AS json)
+  FROM unnest(CAST(:new_id AS integer[]), CAST(:new_env AS integer[]), CAST(:new_seq AS integer[]))
+       AS v(id, env_index, seq)
+)
+UPDATE runs SET env_steps = env_steps + :env_steps{sets} WHERE id = :run_id
+RETURNING cancel_requested
+"""
+
+
+def _write_pg(
+    s: Session,
+    rows: list[dict[str, Any]],
+    totals: list[dict[str, Any]],
+    new: list[dict[str, Any]],
+    run_id: int,
+    run_set: dict[str, Any],
+) -> tuple[list[int], list[int], bool]:
+    """PostgreSQL: a rollout step in three statements, the fewest round trips: the ids of the new
+    steps and episodes (and this transaction's asynchronous commit) in one query, the steps by
+    ``COPY``, then ``_PG_EPISODES_AND_RUN``. On a busy server each round trip costs more than the
+    rows it carries."""
+    got = s.execute(
+        text(
+            "SELECT set_config('synchronous_commit', 'off', true), "
+            "ARRAY(SELECT nextval(pg_get_serial_sequence('steps', 'id')) "
+            "FROM generate_series(1, :n)), "
+            "ARRAY(SELECT nextval(pg_get_serial_sequence('episodes', 'id')) "
+            "FROM generate_series(1, :m))"
+        ),
+        {"n": len(rows), "m": len(new)},
+    ).one()
+    ids, opened = sorted(got[1]), sorted(got[2])
+    copy_rows(
+        s, cast(Table, Step.__table__), [{**r, "id": i} for r, i in zip(rows, ids, strict=True)]
     )
-    _copy(s, table, [{**r, "id": i} for r, i in zip(rows, ids, strict=True)])
-    return ids
-
-
-def update_episodes(s: Session, rows: list[dict[str, Any]]) -> None:
-    """Set episodes' running totals (and, for closed ones, success and finished) by id; rows
-    share their keys. PostgreSQL: one statement over arrays (``unnest``), not one per row."""
-    if s.get_bind().dialect.name != "postgresql":
-        s.execute(update(Episode), rows)  # executemany by primary key
-        return
-    closing = "success" in rows[0]
-    sets = "length = v.length, total_return = v.total_return"
-    cols = "CAST(:id AS integer[]), CAST(:length AS integer[]), CAST(:total_return AS float8[])"
-    names = "id, length, total_return"
-    if closing:
-        sets += ", success = v.success, finished = true"
-        cols += ", CAST(:success AS boolean[])"
-        names += ", success"
-    keys = ("id", "length", "total_return", "success")[: 3 + closing]
-    sql = f"UPDATE episodes SET {sets} FROM unnest({cols}) AS v({names}) WHERE episodes.id = v.id"
-    s.execute(text(sql), {k: [r[k] for r in rows] for k in keys})
-
-
-def _copy(s: Session, table: Table, rows: list[dict[str, Any]]) -> None:
-    """``COPY`` rows into a table on the session's own connection and transaction, with each
-    column's bind processing (JSON, ``FreeText``) and the Python-side defaults (``created_at``)
-    that an ``INSERT`` through SQLAlchemy would apply."""
-    dialect = s.get_bind().dialect
-    given = list(rows[0])
-    defaults = {
-        c.name: c.default
-        for c in table.columns
-        if c.name not in given and c.default is not None and hasattr(c.default, "arg")
+    params: dict[str, Any] = (
+        {k: [t[k] for t in totals] for k in totals[0]}
+        if totals
+        else {k: [] for k in ("id", "length", "total_return", "success", "closed")}
+    )
+    params |= {
+        "new_id": opened,
+        "new_env": [n["env_index"] for n in new],
+        "new_seq": [n["seq"] for n in new],
+        "update_idx": new[0]["update_idx"] if new else 0,
+        "run_id": run_id,
     }
-    cols = given + list(defaults)
-    procs = [table.c[c].type._cached_bind_processor(dialect) for c in cols]
-    driver = s.connection().connection.driver_connection
-    assert driver is not None
-    sql = f"COPY {table.name} ({', '.join(cols)}) FROM STDIN"
-    with driver.cursor() as cur, cur.copy(sql) as cp:
-        for r in rows:
-            for k, d in defaults.items():
-                r[k] = d.arg(None) if callable(d.arg) else d.arg  # type: ignore[attr-defined]
-            cp.write_row([p(r[c]) if p else r[c] for c, p in zip(cols, procs, strict=True)])
+    extra = {k: v for k, v in run_set.items() if k != "env_steps"}  # our own column names
+    sets = "".join(f", {k} = :run_{k}" for k in extra)
+    params |= {f"run_{k}": v for k, v in extra.items()} | {"env_steps": run_set["env_steps"]}
+    cancel = s.scalar(text(_PG_EPISODES_AND_RUN.format(sets=sets)), params)
+    return ids, opened, bool(cancel)
 
 
 class WritePipeline:

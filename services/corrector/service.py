@@ -2,7 +2,9 @@
 
 `record_correction` is what both the embedded thread pool and the Celery task call: it loads the
 step, calls the corrector, and writes the result (or the failure and its reason) exactly once per
-step and corrector.
+step and corrector. `record_corrections` does the same for many steps with one read and one write
+for all of them, for correctors that answer in process (the oracle), where the per-step
+transaction cost far more than the correction itself.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import base64
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,8 +26,9 @@ from services.corrector.oracle import OracleCorrector
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
 from services.corrector.rows import RegistryError, inline_row
-from services.corrector.spend import run_budget
+from services.corrector.spend import RunBudget, run_budget
 from shared.db import models
+from shared.db.bulk import insert_many, insert_new
 from shared.db.models import utcnow
 from shared.schemas import SELF_TEACHER, CorrectionRequest
 from shared.settings import Settings
@@ -40,6 +43,7 @@ __all__ = [
     "OracleCorrector",
     "build_corrector",
     "record_correction",
+    "record_corrections",
     "request_for_step",
 ]
 
@@ -221,7 +225,6 @@ def _outcome(
     on_send: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The columns of the step's correction: the result, or the failure and its reason."""
-    budget = run_budget(session, step.run_id, name)
 
     def wanted() -> bool:
         """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog)"""
@@ -232,12 +235,26 @@ def _outcome(
             on_send()
         return True
 
+    budget = run_budget(session, step.run_id, name)
+    return _answer(
+        step, name, corrector, lambda: request_for_step(session, step, blobs), budget, wanted
+    )
+
+
+def _answer(
+    step: models.Step,
+    name: str,
+    corrector: Corrector,
+    request: Callable[[], CorrectionRequest],
+    budget: RunBudget | None,
+    wanted: Callable[[], bool] | None,
+) -> dict[str, Any]:
     trace = CallTrace(budget=budget, wanted=wanted)
     start = time.perf_counter()
     try:
         if budget is not None:
             budget.check()  # spent already: no request is even built
-        correction = corrector.correct(request_for_step(session, step, blobs), trace)
+        correction = corrector.correct(request(), trace)
     except CorrectorError as e:
         return _failure(step, name, trace, start, stored_error(e), e.raw)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
@@ -270,3 +287,140 @@ def _failure(
         "latency_ms": (time.perf_counter() - start) * 1000,
         "finished_at": utcnow(),
     }
+
+
+# ---- many steps at once ---------------------------------------------------------------------
+
+# Correctors that answer in process, in microseconds: their steps are corrected in batches.
+BATCHED = frozenset({ORACLE})
+
+_ROW: dict[
+    str, Any
+] = {  # every column a correction row sets, so that all rows of a batch share their keys
+    "verdict": None,
+    "corrected_thought": None,
+    "extras": {},
+    "reasoning": None,
+    "raw": None,
+    "error": None,
+    "latency_ms": None,
+    "tokens": 0,
+    "attempts": 0,
+    "finished_at": None,
+}
+
+
+def record_corrections(
+    session: Session,
+    step_ids: list[int],
+    corrector_name: str,
+    corrector: Corrector,
+    blobs: BlobStore | None = None,
+) -> int:
+    """``record_correction`` for many steps: the same rows and counts, with one read of the
+    steps (their runs and correction states joined), one of their episodes' histories, and one
+    insert for all the new rows. The corrector is called one step after another: meant for
+    correctors that answer in process. Steps with a pending row go through
+    ``record_correction``; a step another writer finished meanwhile keeps that writer's row.
+    Returns the steps corrected by this call."""
+    blobs = blobs or blob_store()
+    found = session.execute(
+        select(models.Step, models.Run.task, models.Correction.status)
+        .join(models.Run, models.Run.id == models.Step.run_id)
+        .outerjoin(
+            models.Correction,
+            (models.Correction.step_id == models.Step.id)
+            & (models.Correction.corrector == corrector_name),
+        )
+        .where(models.Step.id.in_(step_ids))
+    ).all()
+    fresh = [st for st, _, state in found if state is None]
+    tasks = {st.run_id: task for st, task, _ in found}
+    requests = _requests(session, fresh, tasks, blobs)
+    budgets = {r: run_budget(session, r, corrector_name) for r in {st.run_id for st in fresh}}
+    rows = []
+    for st in fresh:
+        values = _answer(st, corrector_name, corrector, requests[st.id], budgets[st.run_id], None)
+        base = {"step_id": st.id, "run_id": st.run_id, "update_idx": st.update_idx}
+        rows.append(_ROW | base | {"corrector": corrector_name} | values)
+    written = _insert_new(session, rows, corrector, blobs) if rows else set()
+    _count_corrected_many(session, {st.id: st for st in fresh}, rows, written)
+    pending = [st.id for st, _, state in found if state == "pending"]
+    for sid in pending:
+        record_correction(session, sid, corrector_name, corrector, blobs)
+    return len(written) + len(pending)
+
+
+def _insert_new(
+    session: Session, rows: list[dict[str, Any]], corrector: Corrector, blobs: BlobStore
+) -> set[int]:
+    """Insert the rows of steps no other writer finished meanwhile; their step ids.
+    PostgreSQL: one statement that skips the rows another writer got first. SQLite (one writer
+    at a time): one insert, or, if it collides after all, the steps one by one."""
+    table = cast(Table, models.Correction.__table__)
+    if session.get_bind().dialect.name == "postgresql":
+        return set(insert_new(session, table, rows, ("step_id", "corrector"), "step_id"))
+    try:
+        with session.begin_nested():
+            insert_many(session, table, rows)
+        return {r["step_id"] for r in rows}
+    except IntegrityError:
+        name = rows[0]["corrector"]
+        todo = [r["step_id"] for r in rows if _existing(session, r["step_id"], name) is None]
+        for sid in todo:
+            record_correction(session, sid, name, corrector, blobs)
+        return set()  # counted by record_correction
+
+
+def _requests(
+    session: Session, steps: list[models.Step], tasks: dict[int, str], blobs: BlobStore
+) -> dict[int, Callable[[], CorrectionRequest]]:
+    """Each step's correction request (as ``request_for_step``), from one query for the actions
+    taken earlier in the steps' episodes; each distinct frame read once."""
+    taken: dict[int, list[tuple[int, str | None]]] = {}
+    for episode_id, idx, action in session.execute(
+        select(models.Step.episode_id, models.Step.idx, models.Step.parsed_action)
+        .where(models.Step.episode_id.in_({st.episode_id for st in steps}))
+        .order_by(models.Step.episode_id, models.Step.idx)
+    ):
+        taken.setdefault(episode_id, []).append((idx, action))
+    images: dict[str, str] = {}
+
+    def image(sha: str | None) -> str | None:
+        if sha and sha not in images:
+            images[sha] = base64.b64encode(blobs.get(sha)).decode()
+        return images.get(sha) if sha else None
+
+    def request(st: models.Step) -> CorrectionRequest:
+        history = [a or "" for i, a in taken.get(st.episode_id, []) if i < st.idx]
+        return CorrectionRequest.model_validate(
+            {
+                "task": tasks[st.run_id],
+                "image_png_b64": image(st.image_sha),
+                "prompt": st.prompt,
+                "output": st.output,
+                "state": st.state or None,
+                "history": history[-200:],
+            }
+        )
+
+    return {st.id: (lambda st=st: request(st)) for st in steps}  # type: ignore[misc]
+
+
+def _count_corrected_many(
+    session: Session, steps: dict[int, models.Step], rows: list[dict[str, Any]], written: set[int]
+) -> None:
+    """``count_corrected`` for the rows this batch wrote: one increment per episode."""
+    per_episode: dict[int, int] = {}
+    for r in rows:
+        if r["step_id"] in written and r["status"] == "done" and r["verdict"] == "incorrect":
+            eid = steps[r["step_id"]].episode_id
+            per_episode[eid] = per_episode.get(eid, 0) + 1
+    if per_episode:
+        episodes = cast(Table, models.Episode.__table__)
+        session.execute(
+            update(episodes)
+            .where(episodes.c.id == bindparam("eid"))
+            .values(corrected_steps=episodes.c.corrected_steps + bindparam("n")),
+            [{"eid": e, "n": n} for e, n in per_episode.items()],
+        )

@@ -11,10 +11,15 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from services.corrector.base import Corrector
-from services.corrector.service import ORACLE, build_corrector, record_correction
+from services.corrector.service import (
+    ORACLE,
+    build_corrector,
+    record_correction,
+    record_corrections,
+)
 from shared.db import models
 from shared.db.session import session_scope
-from shared.queues import TASK_CORRECT, celery_app
+from shared.queues import TASK_CORRECT, TASK_CORRECT_BATCH, celery_app
 from shared.schemas import SELF_TEACHER
 from shared.settings import get_settings
 
@@ -73,6 +78,28 @@ def correct(step_id: int, corrector_name: str) -> dict[str, Any]:
             corrector = _Failing(e)
         row = record_correction(session, step_id, corrector_name, corrector)
         return {"step_id": step_id, "correction_id": row.id, "status": row.status}
+
+
+@celery_app.task(
+    name=TASK_CORRECT_BATCH,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def correct_batch(step_ids: list[int], corrector_name: str) -> dict[str, Any]:
+    """Corrects the steps of one rollout step (one run) in one transaction; a redelivered
+    task finds their rows written and calls nothing. For correctors that answer in process."""
+    with session_scope() as session:
+        run_id = session.scalar(select(models.Step.run_id).where(models.Step.id.in_(step_ids)))
+        if run_id is None:
+            return {"step_ids": step_ids, "status": "missing"}
+        try:
+            corrector = _corrector(session, corrector_name, session.get(models.Run, run_id))
+        except Exception as e:  # noqa: BLE001 - an unknown name is recorded on the steps
+            corrector = _Failing(e)
+        n = record_corrections(session, step_ids, corrector_name, corrector)
+        return {"step_ids": step_ids, "corrected": n}
 
 
 _TEACHERS: dict[int, Corrector] = {}  # run id -> its self-teacher (each holds a model)

@@ -85,6 +85,12 @@ class GymCardsEnv(gym.Env[np.ndarray, Any]):
         finally:
             self.size = model_size
 
+    @classmethod
+    def draw_state(cls, state: dict[str, Any], size: int) -> np.ndarray:
+        """The frame of a recorded ``state()`` drawn at ``size`` px: the picture ``display``
+        drew then, so a step's frame for people can be drawn when someone looks at it."""
+        raise NotImplementedError
+
     def _finish_step(
         self, reward: float, terminated: bool, truncated: bool
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:

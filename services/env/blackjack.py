@@ -96,19 +96,27 @@ class BlackjackEnv(GymCardsEnv):
         }
 
     def _draw(self) -> np.ndarray:
-        s = self.size
-        img, draw = render.canvas(s)
-        label = render.font(int(s * 0.08), bold=True)
-        w, h = int(s * 0.2), int(s * 0.28)
-        draw.text((s * 0.02, s * 0.01), "Dealer", fill=render.WHITE, font=label)
-        img.paste(render.card_image(self.dealer[0], w, h), (int(s * 0.02), int(s * 0.11)))
-        img.paste(render.card_back(w, h), (int(s * 0.04) + w, int(s * 0.11)))
-        draw.text((s * 0.02, s * 0.42), "Player", fill=render.WHITE, font=label)
-        rows = (len(self.player) + 4) // 5  # five a row; more rows shrink the cards to fit
-        ph = min(h, int(s * 0.46 / rows - s * 0.01))
-        pw = min(w, int(ph * 5 / 7))
-        for i, card in enumerate(self.player):
-            x = s * 0.02 + (i % 5) * (pw + s * 0.01)
-            y = s * 0.52 + (i // 5) * (ph + s * 0.01)
-            img.paste(render.card_image(card, pw, ph), (int(x), int(y)))
-        return render.to_array(img)
+        return _draw_table(self.size, self.dealer, self.player)
+
+    @classmethod
+    def draw_state(cls, state: dict[str, Any], size: int) -> np.ndarray:
+        return _draw_table(size, list(state["dealer_cards"]), list(state["player_cards"]))
+
+
+def _draw_table(s: int, dealer: list[str], player: list[str]) -> np.ndarray:
+    """The dealer's up card and hole card, the player's hand in rows of five."""
+    img, draw = render.canvas(s)
+    label = render.font(int(s * 0.08), bold=True)
+    w, h = int(s * 0.2), int(s * 0.28)
+    draw.text((s * 0.02, s * 0.01), "Dealer", fill=render.WHITE, font=label)
+    img.paste(render.card_image(dealer[0], w, h), (int(s * 0.02), int(s * 0.11)))
+    img.paste(render.card_back(w, h), (int(s * 0.04) + w, int(s * 0.11)))
+    draw.text((s * 0.02, s * 0.42), "Player", fill=render.WHITE, font=label)
+    rows = (len(player) + 4) // 5  # five a row; more rows shrink the cards to fit
+    ph = min(h, int(s * 0.46 / rows - s * 0.01))
+    pw = min(w, int(ph * 5 / 7))
+    for i, card in enumerate(player):
+        x = s * 0.02 + (i % 5) * (pw + s * 0.01)
+        y = s * 0.52 + (i // 5) * (ph + s * 0.01)
+        img.paste(render.card_image(card, pw, ph), (int(x), int(y)))
+    return render.to_array(img)

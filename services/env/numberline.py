@@ -60,6 +60,10 @@ class NumberLineEnv(GymCardsEnv):
     def _draw(self) -> np.ndarray:
         return _frame(self.size, self.target, self.current).copy()
 
+    @classmethod
+    def draw_state(cls, state: dict[str, Any], size: int) -> np.ndarray:
+        return _frame(size, int(state["target"]), int(state["current"])).copy()
+
 
 @lru_cache(maxsize=512)
 def _frame(s: int, target: int, current: int) -> np.ndarray:

@@ -120,11 +120,18 @@ class PointsEnv(GymCardsEnv):
         }
 
     def _draw(self) -> np.ndarray:
-        s = self.size
-        img = _table(s, tuple(self.cards)).copy()  # the cards stay for the episode: draw once
-        formula_top = 0.69 if self.n_cards == 2 else 0.55
-        render.draw_formula(img, ImageDraw.Draw(img), self.formula, s * formula_top)
-        return render.to_array(img)
+        return _draw_points(self.size, self.cards, self.formula)
+
+    @classmethod
+    def draw_state(cls, state: dict[str, Any], size: int) -> np.ndarray:
+        return _draw_points(size, [str(c) for c in state["cards"]], list(state["formula"]))
+
+
+def _draw_points(s: int, cards: list[str], formula: list[str]) -> np.ndarray:
+    img = _table(s, tuple(cards)).copy()  # the cards stay for the episode: draw once
+    formula_top = 0.69 if len(cards) == 2 else 0.55
+    render.draw_formula(img, ImageDraw.Draw(img), formula, s * formula_top)
+    return render.to_array(img)
 
 
 @lru_cache(maxsize=64)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from services.env.base import GymCardsEnv
 from services.env.blackjack import BlackjackEnv
 from services.env.numberline import NumberLineEnv
 from services.env.points import EZPointsEnv, Points24Env
 from shared.schemas import EnvConfig
 
-CARD_ENVS: dict[str, type] = {
+CARD_ENVS: dict[str, type[GymCardsEnv]] = {
     "numberline": NumberLineEnv,
     "ezpoints": EZPointsEnv,
     "points24": Points24Env,

@@ -38,8 +38,12 @@ class Batcher:
     The window opens only when it can pay: while callers have lately been concurrent (a request
     came while another was queued, decoding or generating, within `memory_s`), or while requests
     already received are still decoding their images (then it is held for them, up to
-    `max_wait_ms` more). A lone caller that sends a whole batch per request (the controller's
-    rollout step) is served at once instead of waiting out the window on every call.
+    `max_wait_ms` more). An open window stays open while requests keep arriving less than
+    `max_wait_ms` apart, up to `max_hold_ms` (default 10 windows): sixteen callers posting at
+    once reach the server over more than one window, and a model call of one that starts before
+    the rest arrive makes them wait a whole generation. A lone caller that sends a whole batch
+    per request (the controller's rollout step) is served at once instead of waiting out the
+    window on every call.
 
     Requests with different sampling settings (or a seed) never share a call, so every caller gets
     exactly what a solo call with its own settings would sample from.
@@ -51,10 +55,12 @@ class Batcher:
         max_batch: int = 32,
         max_wait_ms: float = 5.0,
         memory_s: float = 30.0,
+        max_hold_ms: float | None = None,
     ) -> None:
         self.policy = policy
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
+        self.max_hold = (10 * max_wait_ms if max_hold_ms is None else max_hold_ms) / 1000
         self.memory_s = memory_s
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
@@ -107,19 +113,23 @@ class Batcher:
     async def _gather(self) -> list[_Job]:
         jobs = [await self._queue.get()]
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = last = loop.time()
         window = self.max_wait if start < self._concurrent_until else 0.0
         self.stats.windows += bool(window or self.incoming_now)
         while sum(len(j.prompts) for j in jobs) < self.max_batch:
             if not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
+                last = loop.time()
                 continue
-            # Requests already received are worth waiting for: their images are decoding.
-            limit = start + (window + self.max_wait if self.incoming_now else window)
+            # A window from the last arrival, not the first; requests already received are
+            # worth waiting for (their images are decoding); never longer than max_hold.
+            limit = last + (window + self.max_wait if self.incoming_now else window)
+            limit = min(limit, start + max(self.max_hold, window))
             if loop.time() >= limit:
                 break
             try:
                 jobs.append(await asyncio.wait_for(self._queue.get(), limit - loop.time()))
+                last = loop.time()
             except TimeoutError:
                 continue  # the limit is looked at again: a request may have come in meanwhile
         return jobs

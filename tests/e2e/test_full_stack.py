@@ -330,8 +330,8 @@ def test_alfworld_run_completes_with_images_and_corrected_thoughts(alfworld_run:
         assert r.status_code == 200 and r.headers["content-type"] == "image/png"
         image = Image.open(io.BytesIO(r.content))
         assert image.format == "PNG" and image.size == (64, 64)
-    for sha in {s["display_sha"] for s in steps}:  # the frame people see (320 px): labels readable
-        r = httpx.get(f"{api}/api/blobs/{sha}", headers=headers, timeout=10)
+    for s in steps:  # the frame people see (320 px, drawn from the state): labels readable
+        r = httpx.get(f"{api}{s['display_url']}", headers=headers, timeout=10)
         assert Image.open(io.BytesIO(r.content)).size == (320, 320)
     updates = httpx.get(f"{api}/api/runs/{run_id}/updates", headers=headers, timeout=10).json()
     for u in updates["items"]:  # the sample's goal swaps are not benchmark games: counted

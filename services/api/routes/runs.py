@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from sqlalchemy.orm import Session
 
-from services.api import service
+from services.api import display, service
 from services.api.auth import require_read, require_write
 from services.api.deps import get_db
 from services.api.launch import check_launch
@@ -142,6 +142,32 @@ def get_step(step_id: Id, db: Db, token: Reader) -> StepDetail:
     return out.model_copy(update=nav)
 
 
+@router.get(
+    "/steps/{step_id}/display",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}}, 304: {"description": "Not modified"}},
+)
+def get_step_display(
+    step_id: Id,
+    db: Db,
+    token: Reader,
+    if_none_match: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """A step's frame for people (PNG): drawn from its recorded state when first viewed."""
+    step, run = display.visible_step(db, token, step_id)
+    etag = f'"{step.display_sha}"' if step.display_sha else None
+    if etag is not None and if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    png = display.display_png(db, blob_store(), step, run)
+    if png is None:
+        raise service.NotFound(f"step {step_id} has no frame")
+    # Revalidated by ETag, not cached by URL: a resumed SQLite run may reuse a discarded id.
+    headers = {"Cache-Control": "private, no-cache"}
+    if step.display_sha:
+        headers["ETag"] = f'"{step.display_sha}"'
+    return Response(png, media_type="image/png", headers=headers)
+
+
 @router.get("/runs/{run_id}/corrections", response_model=Page[CorrectionOut])
 def list_corrections(
     run_id: RunId,
@@ -189,5 +215,6 @@ def get_blob(sha: str, token: Reader) -> Response:
 
 def _step_out(cls, step, corrections):  # type: ignore[no-untyped-def]
     out = cls.model_validate(step)
+    out.display_url = f"/api/steps/{step.id}/display"
     out.corrections = [CorrectionOut.model_validate(c) for c in corrections]
     return out

@@ -74,3 +74,21 @@ def test_env_images_follow_the_game(walk: Walk) -> None:
     ry, rx = round(RECEP_BOX[3] - 6), round(RECEP_BOX[2] - 6)
     assert tuple(records[1][2][ry, rx]) == type_colour("countertop", light=True)
     assert tuple(records[3][2][ry, rx]) == type_colour("microwave", light=True)
+
+
+def test_a_stored_state_redraws_the_display_frame(walk: Walk) -> None:
+    """A step page draws ALFWorld's frame from the step's stored (JSON) state: the same
+    picture the env draws at that size; THOR frames cannot be redrawn and are not."""
+    import json
+
+    from services.env.alfworld.render import render_state
+    from services.env.display import draw_state, record_time_size
+
+    text, thor = {"options": {"backend": "text"}}, {"options": {"backend": "thor"}}
+    for state, _, _, _, _ in walk[2]:
+        stored = json.loads(json.dumps(state))
+        drawn = draw_state("alfworld", text, stored, 320)
+        assert drawn is not None and np.array_equal(drawn, render_state(state, 320))
+        assert draw_state("alfworld", thor, stored, 320) is None
+    assert record_time_size("alfworld", text) == 0  # drawn on demand, not while recording
+    assert record_time_size("alfworld", thor | {"image_size": 64}) == 320

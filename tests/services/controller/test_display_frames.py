@@ -1,9 +1,12 @@
-"""Every recorded step keeps a display-resolution frame for people beside the model's input,
-served by the API the step page reads."""
+"""Every recorded step has a display-resolution frame for people beside the model's input:
+drawn from the step's stored state when first viewed (never on the rollout's path), stored as a
+blob, and served by the route the step page reads."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from services.env.registry import CARD_ENVS
 from services.env.schemas import ObservationOut
 from services.env.service import EnvPool
 
@@ -39,7 +43,7 @@ def _png(data: bytes) -> np.ndarray:
         return np.asarray(img.convert("RGB"))
 
 
-@pytest.mark.parametrize("task", ["numberline", "points24", "blackjack"])
+@pytest.mark.parametrize("task", ["numberline", "ezpoints", "points24", "blackjack"])
 def test_the_display_frame_is_the_same_picture_larger(task: str) -> None:
     pool = EnvPool()
     sid = pool.create(task, {"image_size": 64, "display_size": 384}, seed=3)
@@ -54,6 +58,9 @@ def test_the_display_frame_is_the_same_picture_larger(task: str) -> None:
         return float(np.abs(np.asarray(small, dtype=int) - obs.image.astype(int)).mean())
 
     assert gap(obs.display_png) < gap(other.display_png)  # the same drawing, not another deal
+    # The stored (JSON) state draws the same frame again, for the step page.
+    redrawn = CARD_ENVS[task].draw_state(json.loads(json.dumps(obs.state)), 384)
+    assert np.array_equal(redrawn, _png(obs.display_png))
     wire = ObservationOut.of(obs).to_observation()  # over the env service's REST
     assert wire.display_png == obs.display_png
     # Outside a run's recorded steps (None), or asked for none, or no larger: none is drawn.
@@ -62,7 +69,7 @@ def test_the_display_frame_is_the_same_picture_larger(task: str) -> None:
         assert pool.reset(sid).display_png is None
 
 
-def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
+def test_the_step_page_draws_the_display_frame_from_the_stored_state(pg_url: str) -> None:
     from services.api.app import create_app
     from services.api.auth import COOKIE_NAME, create_token
     from services.api.service import create_run
@@ -74,13 +81,14 @@ def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
     cfg = RunConfig.model_validate(
         {
             "task": "numberline",
-            "env": {"image_size": 64},  # display_size unset: a run records 320 px frames
+            "env": {"image_size": 64},  # display_size unset: a run's steps get 320 px frames
             "train": {"num_envs": 2, "num_steps": 2},
         }
     )
     with session_scope() as s:
         run_id = create_run(s, cfg, team="frames").id
         token = create_token(s, "frames", "read", "frames")[1]
+        other = create_token(s, "others", "read", "others")[1]
     driver = RunDriver(run_id, EnvPool(), AlwaysPlus(), None, None)  # type: ignore[arg-type]
     driver._open_envs(0)
     step_ids = driver.collect(0).step_ids
@@ -88,15 +96,28 @@ def test_steps_reference_a_display_blob_served_by_the_api(pg_url: str) -> None:
     with live_server(create_app()) as url:
         auth = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, headers=auth, timeout=30) as api:
-            api_step_display = api.get(f"/api/steps/{step_ids[0]}").json()["display_sha"]
             for sid in step_ids:
                 step = api.get(f"/api/steps/{sid}").json()
-                assert step["display_sha"] and step["display_sha"] != step["image_sha"]
+                assert step["display_sha"] is None  # nothing was drawn while recording
+                first = api.get(step["display_url"])
+                assert first.status_code == 200 and first.headers["content-type"] == "image/png"
+                shown = _png(first.content)
                 model_input = _png(api.get(f"/api/blobs/{step['image_sha']}").content)
-                shown = _png(api.get(f"/api/blobs/{step['display_sha']}").content)
                 assert model_input.shape == (64, 64, 3) and shown.shape == (320, 320, 3)
+                drawn = CARD_ENVS["numberline"].draw_state(step["state"], 320)
+                assert np.array_equal(shown, drawn)  # the step's own state, not another
+                # Stored once by content hash: the next view is the blob, or a 304.
+                sha = api.get(f"/api/steps/{sid}").json()["display_sha"]
+                assert sha == hashlib.sha256(first.content).hexdigest()
+                assert api.get(f"/api/blobs/{sha}").content == first.content
+                again = api.get(step["display_url"], headers={"If-None-Match": f'"{sha}"'})
+                assert again.status_code == 304 and again.headers["etag"] == f'"{sha}"'
+                assert api.get(step["display_url"]).content == first.content
+            hidden = api.get(
+                f"/api/steps/{step_ids[0]}/display", headers={"Authorization": f"Bearer {other}"}
+            )
+            assert hidden.status_code == 404  # another team's step is not there at all
             api.cookies.set(COOKIE_NAME, token)
             page = api.get(f"/runs/{run_id}/steps/{step_ids[0]}", headers={"Authorization": ""})
     assert page.status_code == 200, page.text[:500]
-    first = api_step_display
-    assert f'src="/api/blobs/{first}"' in page.text  # the step page shows the display frame
+    assert f'src="/api/steps/{step_ids[0]}/display"' in page.text  # the page shows that frame

@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 from shared.db import models
 from shared.db.session import session_scope
-from shared.queues import TASK_CORRECT, celery_app
+from shared.queues import TASK_CORRECT, TASK_CORRECT_BATCH, celery_app
 from tests.conftest import celery_worker
 from tests.services.corrector.conftest import FakeOpenAI, chat
 from tests.services.corrector.helpers import make_step
@@ -31,12 +31,23 @@ def test_redelivered_tasks_write_once(pg_url: str, redis_url: str, fake_openai: 
         )
         step_id = make_step(s, "numberline", {"current": 4, "target": 1}, AGENT).id
         other_id = make_step(s, "numberline", {"current": 4, "target": 1}, AGENT).id
+        first = make_step(s, "numberline", {"current": 4, "target": 1}, AGENT)
+        run = s.get(models.Run, first.run_id)
+        wrong = AGENT | {"current number": 3}  # the oracle corrects this one
+        batch = [
+            first.id,
+            make_step(s, "numberline", {"current": 4, "target": 1}, wrong, run=run, idx=1).id,
+        ]
     with celery_worker("corrector"):
         # The same task three times: what a redelivery after a lost ack looks like to the worker.
         sent = [celery_app.send_task(TASK_CORRECT, args=[step_id, "worker-fake"]) for _ in range(3)]
         missing = celery_app.send_task(TASK_CORRECT, args=[other_id, "nobody"])
+        batches = [
+            celery_app.send_task(TASK_CORRECT_BATCH, args=[batch, "oracle"]) for _ in range(2)
+        ]
         results = [r.get(timeout=60) for r in sent]
         failure = missing.get(timeout=60)
+        assert sorted(r.get(timeout=60)["corrected"] for r in batches) == [0, 2]
     assert len({r["correction_id"] for r in results}) == 1 and {r["status"] for r in results} == {
         "done"
     }
@@ -50,3 +61,9 @@ def test_redelivered_tasks_write_once(pg_url: str, redis_url: str, fake_openai: 
         bad = s.scalar(select(models.Correction).where(models.Correction.step_id == other_id))
         assert bad is not None and bad.error
         assert bad.error.startswith("config: no corrector named 'nobody' is registered")
+        oracle = s.execute(
+            select(models.Correction.status, models.Correction.verdict)
+            .where(models.Correction.step_id.in_(batch))
+            .order_by(models.Correction.step_id)
+        ).all()
+        assert [tuple(r) for r in oracle] == [("done", "correct"), ("done", "incorrect")]

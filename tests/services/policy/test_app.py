@@ -179,3 +179,35 @@ def test_a_client_loads_its_checkpoint_again_when_the_service_lost_it(
         other.load_weights(tmp_path / "other")  # as a restart (base weights) would leave it
         assert client.ensure_loaded()
         assert client.health()["checkpoint"] == str(tmp_path / "ours")
+
+
+def test_a_window_stays_open_while_requests_keep_coming(served: tuple[Policy, str]) -> None:
+    """Concurrent callers whose requests trickle in (each less than a window after the last,
+    all of them over several windows) share one model call."""
+    import asyncio
+
+    from services.policy.batching import Batcher
+
+    policy, _ = served
+
+    async def scenario() -> tuple[int, int]:
+        batcher = Batcher(policy, max_batch=16, max_wait_ms=400, max_hold_ms=20_000)
+        batcher.start()
+        kw = {"max_new_tokens": 2}
+        try:
+            # Two callers at once: the batcher learns that its callers are concurrent.
+            await asyncio.gather(*(batcher.submit(*_inputs(k, 1), kw) for k in range(2)))
+            before = batcher.stats.batches
+
+            async def late(k: int) -> list:
+                await asyncio.sleep(0.2 * k)  # 0, 0.2, ... 1.0 s: over 2.5 windows in all
+                return await batcher.submit(*_inputs(k, 1), kw)
+
+            gens = await asyncio.gather(*(late(k) for k in range(6)))
+            assert [len(g) for g in gens] == [1] * 6
+            return batcher.stats.batches - before, batcher.stats.largest_batch
+        finally:
+            await batcher.stop()
+
+    calls, largest = asyncio.run(scenario())
+    assert (calls, largest) == (1, 6)
