@@ -238,7 +238,7 @@ def _text_ids(
     postgres = session.get_bind().dialect.name == "postgresql"
     desc = before is not None
     hits: list[int] = []
-    chunk = 2 * n
+    chunk = min(2 * n, 1024)
     while True:
         query, key = search_query(run, f, after, before)
         # A step has one correction (one corrector per run), so the outer join adds no rows.
@@ -250,7 +250,7 @@ def _text_ids(
             .limit(chunk)
         )
         rows = session.execute(probe).all()
-        found = [i for i, m in rows if m and i not in hits]
+        found = list(dict.fromkeys(i for i, m in rows if m))
         hits += found
         if len(hits) >= n or len(rows) < chunk:  # enough, or the end of the run
             return hits[:n]
