@@ -553,8 +553,8 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
     """The paper's ordering pair by pair, then every other arm against gtr."""
     present = [a for a in ORDER if a in arms]
     out = list(zip(present, present[1:], strict=False))
-    if "gtr" in arms and "rl4vlm" in arms:
-        out.append(("gtr", "rl4vlm"))
+    if "gtr" in arms and "rl4vlm" in arms and ("gtr", "rl4vlm") not in out:
+        out.append(("gtr", "rl4vlm"))  # the headline gap, also where sft_only sits between
     return out + [(a, "gtr") for a in arms if a not in ORDER]
 
 

@@ -130,3 +130,14 @@ def test_a_run_whose_updates_are_in_the_csv_is_not_run_again(tmp_path: Path) -> 
     jobs = rp.train_jobs([("ezpoints", 0, "")], ["gtr", "rl4vlm", "sft_only"], tmp_path, None, done)
     assert [j.name for j in jobs] == ["ezpoints-rl4vlm-s0", "ezpoints-sft_only-s0"]
     assert not (tmp_path / "runs" / "ezpoints-gtr-s0").exists()
+
+
+def test_each_pair_is_compared_once() -> None:
+    rp = _reproduce()
+    assert rp.pairs(["gtr", "rl4vlm"]) == [("gtr", "rl4vlm")]
+    assert rp.pairs(["gtr", "sft_only", "rl4vlm", "grpo"]) == [
+        ("gtr", "sft_only"),
+        ("sft_only", "rl4vlm"),
+        ("gtr", "rl4vlm"),
+        ("grpo", "gtr"),
+    ]
