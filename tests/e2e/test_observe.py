@@ -22,6 +22,7 @@ from services.api.app import create_app
 from shared.db.models import Correction, Run, Step, Update
 from shared.db.session import session_scope
 from tests.conftest import RealRun, live_server
+from tests.e2e.helpers import tiny_config
 
 pytestmark = pytest.mark.slow
 
