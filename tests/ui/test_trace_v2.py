@@ -56,10 +56,13 @@ def test_chart_point_opens_that_updates_steps(page, base_url: str, real_run: Rea
     chart = page.locator(".chart[data-title='Corrector disagreement & validity'] .u-over")
     box = chart.bounding_box()
     assert box is not None
-    page.mouse.move(box["x"] + box["width"] - 3, box["y"] + box["height"] / 2)  # update 1
-    page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] / 2)
+    # Update 0's point: its rollout comes from the warm checkpoint, whose outputs are mostly
+    # well-formed, so it always has corrected steps. Update 1's may have none (the first update
+    # on noisy corrections can cost the format: 0 of 16 well-formed in about 1 run in 6).
+    page.mouse.move(box["x"] + 3, box["y"] + box["height"] / 2)
+    page.mouse.click(box["x"] + 3, box["y"] + box["height"] / 2)
     page.wait_for_url(re.compile(r"/steps\?"))
-    assert "update=1" in page.url and "verdict=corrected" in page.url
+    assert "update=0" in page.url and "verdict=corrected" in page.url
     rows = page.locator("#step-hits tbody tr[data-step-id]")
     assert rows.count() >= 1
     assert set(rows.evaluate_all("rs => rs.map(r => r.dataset.verdict)")) == {"corrected"}
@@ -73,7 +76,7 @@ def test_chart_point_opens_that_updates_steps(page, base_url: str, real_run: Rea
                 )
             )
         )
-    assert updates == {1}
+    assert updates == {0}
 
 
 def test_exports_parse(base_url: str, real_run: RealRun) -> None:
