@@ -20,9 +20,12 @@ pytestmark = pytest.mark.slow
 
 def _train(config, tmp_path, timeout: float = 60, **settings: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
     """`gtr train CONFIG` with no GTR_ settings but a data folder (and `settings`): the
-    embedded default."""
+    embedded default. One torch thread, as every process of the suite (tests/conftest.py): the
+    tiny model gains nothing from a second, and on busy cores its threads spin (a run of this
+    module took 3x the CPU time with the default two)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
     env["GTR_DATA_DIR"] = str(tmp_path / "gtr-data")
+    env["GTR_TORCH_THREADS"] = "1"
     env |= settings
     return subprocess.run(
         [sys.executable, "-m", "services.cli", "train", str(config)],
