@@ -6,6 +6,7 @@ import re
 
 import httpx
 
+from services.env.display import DISPLAY_SIZE
 from tests.ui.conftest import login, shot
 from tests.ui.seed import IMAGE, Seeded
 
@@ -78,7 +79,10 @@ def test_trace_browser_corrected_step_diff_image_and_keys(
     assert diff.locator("del").count() >= 1 and diff.locator("ins").count() >= 1
     assert "expert" in card.locator(".reasoning").inner_text().lower()  # the real oracle's words
     page.wait_for_function("document.getElementById('observation').complete")
-    assert page.eval_on_selector("#observation", "img => img.naturalWidth") == IMAGE
+    # The picture for people is drawn from the step's stored state at the display size, not
+    # the model's small input (the rollout stores no display frame for a card env).
+    width = page.eval_on_selector("#observation", "img => img.naturalWidth")
+    assert width == DISPLAY_SIZE and width != IMAGE
     shot(page, "step-corrected")
 
     next_href = page.get_attribute("#next-step", "href")
