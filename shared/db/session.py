@@ -18,7 +18,18 @@ def make_engine(url: str) -> Engine:
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # IMMEDIATE: a write transaction takes SQLite's write lock at its BEGIN, waiting up to
+        # `timeout` for it. A deferred one that read first holds a snapshot; when another thread
+        # or process commits meanwhile, its first write fails at once with "database is locked"
+        # (no busy wait), which lost corrections written beside a recording rollout.
+        engine = create_engine(
+            url,
+            connect_args={
+                "check_same_thread": False,
+                "timeout": 30,
+                "isolation_level": "IMMEDIATE",
+            },
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(conn, _record):  # type: ignore[no-untyped-def]
@@ -27,6 +38,14 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
+
+        @event.listens_for(engine, "savepoint")
+        def _savepoint_takes_the_write_lock(conn, _name):  # type: ignore[no-untyped-def]
+            # The driver opens a transaction only before INSERT/UPDATE/DELETE: a SAVEPOINT sent
+            # outside one would open a deferred transaction (see above). Open it IMMEDIATE.
+            dbapi = conn.connection.dbapi_connection
+            if dbapi is not None and not dbapi.in_transaction:
+                dbapi.execute("BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
