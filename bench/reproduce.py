@@ -4,7 +4,8 @@
     .venv/bin/python bench/reproduce.py                        # warm starts, all runs, report
     .venv/bin/python bench/reproduce.py --tasks ezpoints --seeds 0 --updates 5 --jobs 2  # pilot
     .venv/bin/python bench/reproduce.py --plan "ezpoints:0:sft10" --arms gtr,sft_only  # a variant
-    .venv/bin/python bench/reproduce.py --report-only           # re-collect finished runs
+    .venv/bin/python bench/reproduce.py --report-only           # rebuild the page from the CSV
+    .venv/bin/python bench/reproduce.py --collect-only --seeds 0,1   # keep a stopped study's runs
 
 Per task: one warm start (``gtr sft configs/repro/TASK-warm.toml``) shared by every arm; then
 each (arm, seed) is one ``gtr train`` of ``configs/repro/TASK.toml`` with the arm's changes from
@@ -816,7 +817,15 @@ def main() -> None:
         action="store_true",
         help="rebuild docs/results.md from docs/results/updates.csv alone",
     )
+    ap.add_argument(
+        "--collect-only",
+        action="store_true",
+        help="merge the completed runs under --out into the CSV and rebuild the page, running "
+        "nothing (a study stopped part-way: its finished runs are kept)",
+    )
     args = ap.parse_args()
+    if args.report_only and args.collect_only:
+        sys.exit("--report-only and --collect-only exclude each other")
     tasks, arms = args.tasks.split(","), args.arms.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     task_seeds = {
@@ -835,7 +844,8 @@ def main() -> None:
     out = args.out.resolve()
     models = out / "models"
     started, loads = time.monotonic(), [os.getloadavg()[0]]
-    if not args.report_only:
+    ran = not (args.report_only or args.collect_only)
+    if ran:
         if not args.warm_from:
             run_jobs(warm_jobs(tasks, out), args.jobs, models)
         loads.append(os.getloadavg()[0])
@@ -850,7 +860,7 @@ def main() -> None:
     budget = {t: run_config(t, arms[0], 0, out, args.updates)["train"] for t in tasks}
     meta = previous_meta(args.results)
     meta |= {"tasks": tasks, "arms": arms, "seeds": seeds}
-    if not args.report_only:
+    if ran:
         cmd = " ".join([".venv/bin/python", "bench/reproduce.py", *sys.argv[1:]])
         meta["commands"] = [*[c for c in meta.get("commands", []) if c != cmd], cmd]
         meta["walls"] = [

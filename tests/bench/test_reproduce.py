@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,48 @@ def test_each_pair_is_compared_once() -> None:
         ("gtr", "rl4vlm"),
         ("grpo", "gtr"),
     ]
+
+
+def test_collect_only_merges_a_finished_run_and_starts_nothing(
+    tmp_path: Path, warm_checkpoint: Path
+) -> None:
+    """A study stopped part-way keeps its finished runs: --collect-only reads them into the CSV
+    beside the rows already there and rebuilds the page, without starting the runs left."""
+    from tests.e2e.helpers import tiny_config
+
+    out, results = tmp_path / "out", tmp_path / "results"
+    run_dir = out / "runs" / "numberline-gtr-s0"
+    run_dir.mkdir(parents=True)
+    results.mkdir()
+    (run_dir / "config.toml").write_text(tiny_config(warm_checkpoint, envs=2, steps=4, updates=2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
+    env |= {"GTR_DATA_DIR": str(run_dir / "data"), "GTR_TORCH_THREADS": "1"}
+    trained = subprocess.run(
+        [sys.executable, "-m", "services.cli", "train", str(run_dir / "config.toml")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    _write(results / "updates.csv", {"ezpoints": ({"gtr": [0.5]}, {"gtr": 0.3})})
+    (tmp_path / "results.md").write_text(
+        "<!-- BEGIN GENERATED (bench/reproduce.py) -->\n<!-- END GENERATED -->\n"
+    )
+    base = [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--results", str(results)]
+    both = subprocess.run(
+        [*base, "--collect-only", "--report-only"], capture_output=True, text=True, timeout=60
+    )
+    assert both.returncode != 0 and "exclude each other" in both.stderr
+    collect = [*base, "--collect-only", "--out", str(out), "--tasks", "numberline"]
+    done = subprocess.run(
+        [*collect, "--arms", "gtr,rl4vlm", "--seeds", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(results / "updates.csv") as f:
+        rows = list(csv.DictReader(f))
+    got = {(r["task"], r["arm"], r["seed"]): 0 for r in rows}
+    for r in rows:
+        got[(r["task"], r["arm"], r["seed"])] += 1
+    assert got == {("ezpoints", "gtr", "0"): 2, ("numberline", "gtr", "0"): 2}
+    assert not (out / "runs" / "numberline-rl4vlm-s0").exists()  # nothing was started
+    assert not (out / "models").exists()  # nor a warm start
+    assert "numberline" in (tmp_path / "results.md").read_text()
