@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -180,9 +181,7 @@ def test_collect_only_merges_a_finished_run_and_starts_nothing(
     assert done.returncode == 0, done.stderr[-2000:]
     with open(results / "updates.csv") as f:
         rows = list(csv.DictReader(f))
-    got = {(r["task"], r["arm"], r["seed"]): 0 for r in rows}
-    for r in rows:
-        got[(r["task"], r["arm"], r["seed"])] += 1
+    got = Counter((r["task"], r["arm"], r["seed"]) for r in rows)
     assert got == {("ezpoints", "gtr", "0"): 2, ("numberline", "gtr", "0"): 2}
     assert not (out / "runs" / "numberline-rl4vlm-s0").exists()  # nothing was started
     assert not (out / "models").exists()  # nor a warm start
