@@ -3,7 +3,9 @@
     .venv/bin/python bench/policy_bench.py [--size 10m] [--arch llava] [--new-tokens 64]
 
 Service modes: one request holding the whole batch ("1 req"), and B concurrent 1-sample requests
-gathered by dynamic batching ("B reqs"). Prints a markdown table for docs/benchmarks.md.
+gathered by dynamic batching ("B reqs"). ``--repeats`` interleaved rounds, each timing every batch
+size in every mode once; a ratio is the median of its per-round ratios. Prints a markdown table
+for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -23,15 +25,11 @@ import numpy as np
 BATCHES = (1, 4, 16)
 
 
-def _timed(fn: Callable[[], int], repeats: int) -> float:
-    """Median generated tokens/s over `repeats` calls of `fn` (which returns tokens made)."""
-    fn()  # warm-up
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        tokens = fn()
-        rates.append(tokens / (time.perf_counter() - t0))
-    return statistics.median(rates)
+def _rate(fn: Callable[[], int]) -> float:
+    """Generated tokens/s of one call of `fn` (which returns the tokens it made)."""
+    t0 = time.perf_counter()
+    tokens = fn()
+    return tokens / (time.perf_counter() - t0)
 
 
 def _serve(policy: object) -> tuple[str, Callable[[], None]]:
@@ -59,7 +57,7 @@ def _serve(policy: object) -> tuple[str, Callable[[], None]]:
 @click.option("--arch", default="llava", show_default=True)
 @click.option("--size", default="10m", show_default=True)
 @click.option("--new-tokens", default=64, show_default=True)
-@click.option("--repeats", default=3, show_default=True)
+@click.option("--repeats", default=3, show_default=True, help="interleaved rounds")
 def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
     import torch
 
@@ -75,7 +73,9 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
         kw = {"max_new_tokens": new_tokens, "temperature": 1.0}
         url, stop = _serve(policy)
         client = PolicyClient(url)
-        rows = []
+        # One call per (batch, mode) in each round, rounds interleaved: the machine's load drifts
+        # over minutes, and a ratio of two figures taken seconds apart in one round is what holds.
+        modes: dict[tuple[int, str], Callable[[], int]] = {}
         for b in BATCHES:
             imgs, prompts = frames[:b], [prompt] * b
 
@@ -90,30 +90,39 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
                     res = pool.map(lambda im: client.generate([im], [prompt], **kw), imgs)
                     return sum(len(g.token_ids) for gens in res for g in gens)
 
-            rows.append(
-                (
-                    b,
-                    _timed(local, repeats),
-                    _timed(one_request, repeats),
-                    _timed(many_requests, repeats),
-                )
-            )
+            modes |= {(b, "local"): local, (b, "one"): one_request, (b, "many"): many_requests}
+        for fn in modes.values():
+            fn()  # warm-up
+        rates: dict[tuple[int, str], list[float]] = {key: [] for key in modes}
+        for _ in range(repeats):
+            for key, fn in modes.items():
+                rates[key].append(_rate(fn))
         stats = client.stats()
         stop()
     threads = torch.get_num_threads()
     click.echo(
-        f"tiny {arch} {size}, {new_tokens} new tokens, {threads} torch threads, median of {repeats}"
+        f"tiny {arch} {size}, {new_tokens} new tokens, {threads} torch threads, "
+        f"median of {repeats} interleaved rounds"
     )
     click.echo(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
     click.echo("| batch | in-process tok/s | service, 1 req tok/s | service, B reqs tok/s |")
     click.echo("|---|---|---|---|")
-    base = rows[0]
-    for b, a, c, d in rows:
-        # each mode against its own batch-1 figure: what batching buys in that mode
-        click.echo(
-            f"| {b} | {a:.0f} ({a / base[1]:.1f}×) | {c:.0f} ({c / base[2]:.1f}×) "
-            f"| {d:.0f} ({d / base[3]:.1f}×) |"
+    names = ("local", "one", "many")
+    for b in BATCHES:
+        # each mode against its own batch-1 figure of the same round: what batching buys there
+        cells = []
+        for mode in names:
+            ratios = [r / r1 for r, r1 in zip(rates[b, mode], rates[1, mode], strict=True)]
+            cells.append(
+                f"{statistics.median(rates[b, mode]):.0f} ({statistics.median(ratios):.1f}×)"
+            )
+        click.echo(f"| {b} | " + " | ".join(cells) + " |")
+    top = max(BATCHES)
+    for mode in names:
+        per_round = ", ".join(
+            f"{r / r1:.1f}" for r, r1 in zip(rates[top, mode], rates[1, mode], strict=True)
         )
+        click.echo(f"batch {top} ÷ batch 1, {mode}, by round: {per_round}")
     click.echo(
         f"service counters: {stats['batches']} model calls for {stats['requests']} requests, "
         f"{stats.get('windows', 0)} batching windows opened"
