@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from shared.schemas import Correction, CorrectionRequest
 
@@ -60,6 +60,16 @@ class CallTrace:
 
 class Corrector(Protocol):
     def correct(self, req: CorrectionRequest, trace: CallTrace | None = None) -> Correction: ...
+
+
+@runtime_checkable
+class BatchCorrector(Corrector, Protocol):
+    """A corrector that answers many steps in one call (a local model decoding them together).
+    Item i of the answer is request i's correction, or the error that failed it alone."""
+
+    def correct_many(
+        self, reqs: list[CorrectionRequest], traces: list[CallTrace | None]
+    ) -> list[Correction | CorrectorError]: ...
 
 
 def parse_agent_output(text: str) -> dict[str, Any] | None:

@@ -71,35 +71,66 @@ class SelfTeacherCorrector:
             return policy, list(self.cache.ids), list(self.cache.updates or [])
 
     def correct(self, req: CorrectionRequest, trace: CallTrace | None = None) -> Correction:
+        result = self.correct_many([req], [trace])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def correct_many(
+        self, reqs: list[CorrectionRequest], traces: list[CallTrace | None]
+    ) -> list[Correction | CorrectorError]:
+        """Every request's correction, or why it failed, from one batched greedy decode.
+
+        A rollout step sends one request per env: decoding them together costs about what one
+        decode costs on a small model (``docs/benchmarks.md``, policy batching). Each
+        correction's ``latency_ms`` is its share of the batch's time (the compute it took)."""
         from PIL import Image
 
         start = time.perf_counter()
-        if not req.image_png_b64:
-            raise CorrectorError("input", "the step has no observation image")
-        image = Image.open(io.BytesIO(base64.b64decode(req.image_png_b64))).convert("RGB")
+        results: list[Correction | CorrectorError] = [
+            CorrectorError("input", "the step has no observation image") for _ in reqs
+        ]
+        todo = [i for i, r in enumerate(reqs) if r.image_png_b64]
+        if not todo:
+            return results
+        images = [
+            Image.open(io.BytesIO(base64.b64decode(reqs[i].image_png_b64 or ""))).convert("RGB")
+            for i in todo
+        ]
         policy, ids, updates = self.teacher()
-        gen = policy.generate(
-            [image], [req.prompt], greedy=True, max_new_tokens=self.max_new_tokens
+        gens = policy.generate(
+            images,
+            [reqs[i].prompt for i in todo],
+            greedy=True,
+            max_new_tokens=self.max_new_tokens,
         )
-        text = gen[0].text
-        if trace is not None:
-            trace.raw = text  # kept for audits; attempts stay 0: nothing was called
-        verdict, thought = judge(self.task, req.output, text)
-        return Correction(
-            verdict=verdict,  # type: ignore[arg-type]
-            corrected_thought=json.dumps(thought, ensure_ascii=False)
-            if verdict == "incorrect"
-            else None,
-            extras={
-                "teacher_checkpoint_ids": ids,
-                "teacher_updates": updates,
-                "teacher_action": parse_agent_output(text).get("action"),  # type: ignore[union-attr]
-            },
-            reasoning=(
-                f"{SELF_TEACHER}: TIES merge of the run's checkpoints of updates {updates}"
-                if updates
-                else f"{SELF_TEACHER}: the warm start (no trained checkpoint yet)"
-            ),
-            tokens=0,
-            latency_ms=(time.perf_counter() - start) * 1000,
+        share_ms = (time.perf_counter() - start) * 1000 / len(todo)
+        reasoning = (
+            f"{SELF_TEACHER}: TIES merge of the run's checkpoints of updates {updates}"
+            if updates
+            else f"{SELF_TEACHER}: the warm start (no trained checkpoint yet)"
         )
+        for i, gen in zip(todo, gens, strict=True):
+            trace = traces[i]
+            if trace is not None:
+                trace.raw = gen.text  # kept for audits; attempts stay 0: nothing was called
+            try:
+                verdict, thought = judge(self.task, reqs[i].output, gen.text)
+            except CorrectorError as e:
+                results[i] = e
+                continue
+            results[i] = Correction(
+                verdict=verdict,  # type: ignore[arg-type]
+                corrected_thought=json.dumps(thought, ensure_ascii=False)
+                if verdict == "incorrect"
+                else None,
+                extras={
+                    "teacher_checkpoint_ids": ids,
+                    "teacher_updates": updates,
+                    "teacher_action": parse_agent_output(gen.text).get("action"),  # type: ignore[union-attr]
+                },
+                reasoning=reasoning,
+                tokens=0,
+                latency_ms=share_ms,
+            )
+        return results

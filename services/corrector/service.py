@@ -19,7 +19,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.corrector.base import CallTrace, Corrector, CorrectorError
+from services.corrector.base import BatchCorrector, CallTrace, Corrector, CorrectorError
 from services.corrector.egress import stored_error
 from services.corrector.keys import decrypt_key
 from services.corrector.oracle import OracleCorrector
@@ -30,7 +30,7 @@ from services.corrector.spend import RunBudget, run_budget
 from shared.db import models
 from shared.db.bulk import insert_many, insert_new
 from shared.db.models import utcnow
-from shared.schemas import SELF_TEACHER, CorrectionRequest
+from shared.schemas import SELF_TEACHER, Correction, CorrectionRequest
 from shared.settings import Settings
 from shared.storage import BlobStore, blob_store
 
@@ -255,11 +255,58 @@ def _answer(
         if budget is not None:
             budget.check()  # spent already: no request is even built
         correction = corrector.correct(request(), trace)
-    except CorrectorError as e:
-        return _failure(step, name, trace, start, stored_error(e), e.raw)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
-        log.exception("corrector %s crashed on step %s", name, step.id)
-        return _failure(step, name, trace, start, f"error: {type(e).__name__}: {str(e)[:500]}")
+        return _error(step, name, trace, start, e)
+    return _done(correction, trace)
+
+
+def _answer_many(
+    steps: list[models.Step],
+    name: str,
+    corrector: BatchCorrector,
+    requests: dict[int, Callable[[], CorrectionRequest]],
+    budgets: dict[int, RunBudget | None],
+) -> list[dict[str, Any]]:
+    """``_answer`` for many steps in one ``correct_many`` call; a step whose request cannot be
+    built, or whose run's budget is spent, fails alone and is not sent."""
+    start = time.perf_counter()
+    traces = [CallTrace(budget=budgets[st.run_id]) for st in steps]
+    out: dict[int, dict[str, Any]] = {}
+    sent: list[tuple[int, CorrectionRequest]] = []
+    for i, (st, trace) in enumerate(zip(steps, traces, strict=True)):
+        try:
+            budget = budgets[st.run_id]
+            if budget is not None:
+                budget.check()  # spent already: no request is even built
+            sent.append((i, requests[st.id]()))
+        except Exception as e:  # noqa: BLE001 - recorded on that step
+            out[i] = _error(st, name, trace, start, e)
+    if sent:
+        try:
+            results: list[Any] = corrector.correct_many(
+                [req for _, req in sent], [traces[i] for i, _ in sent]
+            )
+        except Exception as e:  # noqa: BLE001 - the whole call failed: every step records why
+            results = [e] * len(sent)
+        for (i, _), result in zip(sent, results, strict=True):
+            out[i] = (
+                _error(steps[i], name, traces[i], start, result)
+                if isinstance(result, Exception)
+                else _done(result, traces[i])
+            )
+    return [out[i] for i in range(len(steps))]
+
+
+def _error(
+    step: models.Step, name: str, trace: CallTrace, start: float, e: Exception
+) -> dict[str, Any]:
+    if isinstance(e, CorrectorError):
+        return _failure(step, name, trace, start, stored_error(e), e.raw)
+    log.error("corrector %s crashed on step %s", name, step.id, exc_info=e)
+    return _failure(step, name, trace, start, f"error: {type(e).__name__}: {str(e)[:500]}")
+
+
+def _done(correction: Correction, trace: CallTrace) -> dict[str, Any]:
     return {
         "status": "done",
         "verdict": correction.verdict,
@@ -291,8 +338,9 @@ def _failure(
 
 # ---- many steps at once ---------------------------------------------------------------------
 
-# Correctors that answer in process, in microseconds: their steps are corrected in batches.
-BATCHED = frozenset({ORACLE})
+# Correctors that answer in process: a rollout step's steps are corrected in one batch (the
+# oracle in microseconds, the self-teacher in one batched decode: ``BatchCorrector``).
+BATCHED = frozenset({ORACLE, SELF_TEACHER})
 
 _ROW: dict[
     str, Any
@@ -338,9 +386,15 @@ def record_corrections(
     tasks = {st.run_id: task for st, task, _ in found}
     requests = _requests(session, fresh, tasks, blobs)
     budgets = {r: run_budget(session, r, corrector_name) for r in {st.run_id for st in fresh}}
+    if isinstance(corrector, BatchCorrector):
+        answers = _answer_many(fresh, corrector_name, corrector, requests, budgets)
+    else:
+        answers = [
+            _answer(st, corrector_name, corrector, requests[st.id], budgets[st.run_id], None)
+            for st in fresh
+        ]
     rows = []
-    for st in fresh:
-        values = _answer(st, corrector_name, corrector, requests[st.id], budgets[st.run_id], None)
+    for st, values in zip(fresh, answers, strict=True):
         base = {"step_id": st.id, "run_id": st.run_id, "update_idx": st.update_idx}
         rows.append(_ROW | base | {"corrector": corrector_name} | values)
     written = _insert_new(session, rows, corrector, blobs) if rows else set()

@@ -84,3 +84,58 @@ def test_grpo_and_gtr_turbo_kl(pg_url: str, warm_checkpoint: Path) -> None:
         kl = [m["turbo/kl_mean"] for m in metrics]
         assert kl[0] < 1e-3 and kl[1] < 1e-3 and kl[2] > 1e-3, kl
         assert not s.scalars(select(Correction.id).where(Correction.run_id == run_id)).all()
+
+
+def test_gtr_turbo_sft_mode_corrects_a_rollout_step_in_one_batch(
+    pg_url: str, warm_checkpoint: Path
+) -> None:
+    """GTR-Turbo's SFT mode embedded: the self-teacher answers each rollout step's steps in one
+    batched decode, and those answers are the ones it gives one step at a time."""
+    from services.controller.backends import ThreadCorrections
+    from services.corrector.self_teacher import SelfTeacherCorrector
+    from services.corrector.service import request_for_step
+    from shared.settings import get_settings
+    from shared.storage import blob_store
+
+    # A small lr keeps update 1's policy writing JSON, so update 1 has steps to correct.
+    changes = {"corrector": {"backend": "self_teacher"}, "train": {"lr": 1e-5}}
+    cfg = _config(warm_checkpoint, 4, 2, **changes)
+    with session_scope() as s:
+        run_id = create_run(s, cfg, "turbo-sft").id
+    c = cfg.corrector  # the embedded default's corrections: a thread pool in this process
+    corrections = ThreadCorrections(c.name, c.noise, cfg.seed, get_settings(), run_id=run_id)
+    policy = InProcessPolicy(cfg.model)
+    driver = RunDriver(run_id, EnvPool(), policy, corrections, InProcessTrainer())
+    assert driver.run() == "completed"
+    with session_scope() as s:
+        rows = s.execute(
+            select(Correction, Step.update_idx, Step.rollout_pos)
+            .join(Step, Step.id == Correction.step_id)
+            .where(Correction.run_id == run_id)
+        ).all()
+        sent = s.scalars(select(Step.id).where(Step.run_id == run_id, Step.format_valid)).all()
+        assert sorted(c.step_id for c, _, _ in rows) == sorted(sent)  # every well-formed step
+        assert {u for _, u, _ in rows} == {0, 1}
+        assert all(c.corrector == "self_teacher" for c, _, _ in rows)
+        assert all(c.tokens == 0 and c.status in ("done", "failed") for c, _, _ in rows)
+        # One decode per rollout step: its corrections share that batch's time equally.
+        latency: dict[tuple[int, int], set[float]] = {}
+        for c, u, pos in rows:
+            if c.status == "done":  # rollout_pos = t * envs + e
+                latency.setdefault((u, pos // 4), set()).add(round(c.latency_ms, 6))
+        assert latency and all(len(v) == 1 for v in latency.values()), latency
+
+        teacher = SelfTeacherCorrector(run_id, cfg)
+        steps = s.scalars(select(Step).where(Step.run_id == run_id).order_by(Step.id)).all()
+        reqs = [request_for_step(s, st, blob_store()) for st in steps]
+    batched = teacher.correct_many(reqs, [None] * len(reqs))
+    for req, many in zip(reqs, batched, strict=True):
+        try:
+            one = teacher.correct(req)
+        except Exception as e:  # noqa: BLE001 - then the batch failed that step the same way
+            assert isinstance(many, type(e)) and str(many) == str(e)
+            continue
+        assert not isinstance(many, Exception), many
+        assert (many.verdict, many.corrected_thought) == (one.verdict, one.corrected_thought)
+        assert many.extras["teacher_checkpoint_ids"] == one.extras["teacher_checkpoint_ids"]
+    assert teacher.cache.ids  # the run's checkpoints were merged: a trained teacher answered
