@@ -17,16 +17,22 @@ curves are written into ``docs/results.md`` (between the GENERATED markers) and
 ``docs/results/*.png``. ``--report-only`` rebuilds them from the CSV alone.
 A variant (``configs/repro/variants.toml``) changes settings of every arm alike; its runs are
 reported as their own group. Finished runs are never run again, so an interrupted study resumes.
+Every row names the start model its run began from (``warm_start``, a hash of the weights): the
+same warm-start recipe trains different weights on a different CPU, so runs are grouped, paired
+and skipped as done only with runs from the same weights. Resuming on another machine means
+``--warm-from`` the first machine's warm starts, or a new group.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
 import platform
+import re
 import sqlite3
 import subprocess
 import sys
@@ -243,8 +249,14 @@ def plan_items(
 def recorded(rows: list[dict[str, Any]], out: Path, updates: int | None) -> set[str]:
     """Run names whose every update is already in the results CSV: a study resumed in another
     session (or on another machine) without this run's folder does not run it again."""
+    warm = STUDY["warm"] if STUDY["warm"] != Path() else out / "warm"
+    current = {
+        t: warm_identity(warm / t)["warm_start"] for t in {r["task"] for r in rows}
+    }  # a run from another start model (another machine's warm start) is not this one's
     last: dict[tuple[str, str, int, str], int] = {}
     for r in rows:
+        if r.get("warm_start", "") != current[r["task"]]:
+            continue
         key = (r["task"], r["arm"], r["seed"], r.get("variant", ""))
         last[key] = max(last.get(key, -1), r["update"])
     done = set()
@@ -366,7 +378,9 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                     run_dir = out / "runs" / run_name(task, arm, seed, variant)
                     if run_status(run_dir) != "completed":
                         continue
-                    group = f"{task} [{variant}]" if variant else task
+                    with open(run_dir / "config.toml", "rb") as f:
+                        warm = warm_identity(Path(tomllib.load(f)["init"]["checkpoint"]))
+                    group = group_name(task, variant, warm["warm_start"])
                     updates = read_updates(run_dir)
                     updates[-1] |= (
                         late_episodes(run_dir, len(updates) - 5)
@@ -381,6 +395,7 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                                 "variant": variant,
                                 "arm": arm,
                                 "seed": seed,
+                                **warm,
                                 **u,
                             }
                         )
@@ -433,6 +448,29 @@ def corrector_cost(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def warm_identity(warm: Path) -> dict[str, Any]:
+    """Which start model a run began from: a hash of its weights (the same recipe trains other
+    weights on another CPU, so arms are only comparable where this matches) and its greedy
+    figures from ``warm_start.json``, kept in every row so the CSV alone can report it."""
+    h = hashlib.sha256()
+    for f in sorted(warm.glob("*.safetensors")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    out: dict[str, Any] = {"warm_start": h.hexdigest()[:8]}
+    info = warm / "warm_start.json"
+    if info.exists():
+        w = json.loads(info.read_text())
+        out |= {f"warm/{k}": w[k] for k in ("eval/success", "eval/read", "eval/json") if k in w}
+    return out
+
+
+def group_name(task: str, variant: str, warm: str) -> str:
+    """A group: runs compared with each other (one task, variant and warm start). Rows from
+    before the warm start was recorded (no hash) keep the plain name."""
+    name = f"{task} [{variant}]" if variant else task
+    return f"{name} (warm {warm})" if warm else name
+
+
 def variants_found(out: Path, task: str) -> list[str]:
     """ "" (the base settings) first, then the variants that have run folders for the task."""
     names = [p.name.split("-", 3) for p in (out / "runs").glob(f"{task}-*")]
@@ -452,7 +490,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
                     continue
                 if k in ("seed", "update", "env_steps"):
                     row[k] = int(float(v))
-                elif k in ("group", "task", "variant", "arm", "created_at"):
+                elif k in ("group", "task", "variant", "arm", "created_at", "warm_start"):
                     row[k] = v
                 else:
                     try:
@@ -520,18 +558,17 @@ def table_md(rows: list[dict[str, Any]], arms: list[str], out: Path) -> str:
     head = "| task | arm | seeds | " + " | ".join(t for _, t, _ in TABLE) + " |"
     lines = [head, "|" + "---|" * (len(TABLE) + 3)]
     for group in groups(rows):
-        task = group.split(" ")[0]
-        warm = out / "warm" / task / "warm_start.json"
-        if warm.exists() and group == task:
-            w = json.loads(warm.read_text())
+        w = next((r for r in rows if r["group"] == group and "warm/eval/success" in r), None)
+        if w is not None:
             known = {
-                "greedy SR final": w.get("eval/success", math.nan),
-                "probe relevance": w.get("eval/read", math.nan),
-                "probe JSON valid": w.get("eval/json", math.nan),
+                "greedy SR final": w["warm/eval/success"],
+                "probe relevance": w.get("warm/eval/read", math.nan),
+                "probe JSON valid": w.get("warm/eval/json", math.nan),
             }
             cells = [f"{known[t]:.2f}" if t in known else "" for _, t, _ in TABLE]
+            label = f"warm start {w['warm_start']}" if w.get("warm_start") else "warm start"
             lines.append(
-                f"| {task} | warm start (greedy, 60 episodes) | – | " + " | ".join(cells) + " |"
+                f"| {group} | {label} (greedy, 60 episodes) | – | " + " | ".join(cells) + " |"
             )
         for arm in arms:
             per_seed = {k: series(rows, group, arm, k) for k, _, _ in TABLE}
@@ -652,7 +689,7 @@ def conclusion_md(
 
 
 def png_name(group: str) -> str:
-    return group.replace(" [", "-").replace("]", "") + ".png"
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", group).strip("-") + ".png"
 
 
 def plot(rows: list[dict[str, Any]], group: str, arms: list[str], path: Path) -> None:

@@ -117,21 +117,39 @@ def _reproduce() -> Any:
 
 
 def test_a_run_whose_updates_are_in_the_csv_is_not_run_again(tmp_path: Path) -> None:
-    """A study resumed in a new checkout (no run folders) skips the runs its CSV completes."""
+    """A study resumed in a new checkout (no run folders) skips the runs its CSV completes from
+    the same warm start; a run recorded from another start model (another machine's warm start)
+    is not a run of this study's and runs again."""
     rp = _reproduce()
-    rows = [
-        {"task": "ezpoints", "arm": "gtr", "seed": 0, "variant": "", "update": u}
-        for u in range(60)  # configs/repro/ezpoints.toml: 60 updates, all recorded
-    ] + [
-        {"task": "ezpoints", "arm": "rl4vlm", "seed": 0, "variant": "", "update": u}
-        for u in range(30)  # cut off half-way: runs again
-    ]
+    warm = tmp_path / "warm" / "ezpoints"
+    warm.mkdir(parents=True)
+    (warm / "model.safetensors").write_bytes(b"the weights this machine's warm start trained")
+    here = rp.warm_identity(warm)["warm_start"]
+
+    def run(arm: str, updates: int, start: str) -> list[dict[str, Any]]:
+        return [
+            {"task": "ezpoints", "arm": arm, "seed": 0, "variant": "", "update": u,
+             "warm_start": start}
+            for u in range(updates)
+        ]  # fmt: skip
+
+    # configs/repro/ezpoints.toml: 60 updates. gtr all recorded; rl4vlm cut off half-way;
+    # sft_only complete, but from other weights (and an older row with no hash at all).
+    rows = run("gtr", 60, here) + run("rl4vlm", 30, here) + run("sft_only", 60, "0badc0de")
+    rows += [{k: v for k, v in r.items() if k != "warm_start"} for r in run("grpo", 60, "")]
     done = rp.recorded(rows, tmp_path, None)
     assert done == {"ezpoints-gtr-s0"}
     assert rp.recorded(rows, tmp_path, 30) == {"ezpoints-gtr-s0", "ezpoints-rl4vlm-s0"}
-    jobs = rp.train_jobs([("ezpoints", 0, "")], ["gtr", "rl4vlm", "sft_only"], tmp_path, None, done)
-    assert [j.name for j in jobs] == ["ezpoints-rl4vlm-s0", "ezpoints-sft_only-s0"]
+    arms = ["gtr", "rl4vlm", "sft_only", "grpo"]
+    jobs = rp.train_jobs([("ezpoints", 0, "")], arms, tmp_path, None, done)
+    assert [j.name for j in jobs] == [
+        "ezpoints-rl4vlm-s0",
+        "ezpoints-sft_only-s0",
+        "ezpoints-grpo-s0",
+    ]
     assert not (tmp_path / "runs" / "ezpoints-gtr-s0").exists()
+    (warm / "model.safetensors").write_bytes(b"retrained")  # another start: nothing is done
+    assert rp.recorded(rows, tmp_path, None) == set()
 
 
 def test_each_pair_is_compared_once() -> None:
@@ -183,6 +201,10 @@ def test_collect_only_merges_a_finished_run_and_starts_nothing(
         rows = list(csv.DictReader(f))
     got = Counter((r["task"], r["arm"], r["seed"]) for r in rows)
     assert got == {("ezpoints", "gtr", "0"): 2, ("numberline", "gtr", "0"): 2}
+    # The collected run names the start model it began from, and is grouped by it.
+    warm = _reproduce().warm_identity(warm_checkpoint)["warm_start"]
+    ours = [r for r in rows if r["task"] == "numberline"]
+    assert {(r["warm_start"], r["group"]) for r in ours} == {(warm, f"numberline (warm {warm})")}
     assert not (out / "runs" / "numberline-rl4vlm-s0").exists()  # nothing was started
     assert not (out / "models").exists()  # nor a warm start
     assert "numberline" in (tmp_path / "results.md").read_text()
