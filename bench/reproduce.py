@@ -54,6 +54,7 @@ ARMS = ("gtr", "rl4vlm", "sft_only", "gtr_noise")
 # The paper's claim, in the order it states it: GTR > SFT-only > RL4VLM (greedy success).
 ORDER = ("gtr", "sft_only", "rl4vlm")
 JUDGE = "eval/success_rate"  # greedy play of fixed held-out deals (metrics.eval_episodes)
+UNKNOWN_WARM = "unknown"  # warm_start of a run whose start model's weights are not there to hash
 BEGIN, END = "<!-- BEGIN GENERATED (bench/reproduce.py) -->", "<!-- END GENERATED -->"
 
 # (metric key in updates.metrics, column title, how to summarise over updates)
@@ -255,7 +256,7 @@ def recorded(rows: list[dict[str, Any]], out: Path, updates: int | None) -> set[
     }  # a run from another start model (another machine's warm start) is not this one's
     last: dict[tuple[str, str, int, str], int] = {}
     for r in rows:
-        if r.get("warm_start", "") != current[r["task"]]:
+        if r.get("warm_start", "") != current[r["task"]] or current[r["task"]] == UNKNOWN_WARM:
             continue
         key = (r["task"], r["arm"], r["seed"], r.get("variant", ""))
         last[key] = max(last.get(key, -1), r["update"])
@@ -452,8 +453,11 @@ def warm_identity(warm: Path) -> dict[str, Any]:
     """Which start model a run began from: a hash of its weights (the same recipe trains other
     weights on another CPU, so arms are only comparable where this matches) and its greedy
     figures from ``warm_start.json``, kept in every row so the CSV alone can report it."""
+    weights = sorted(warm.glob("*.safetensors"))
+    if not weights:  # gone (or never made): no run can be matched with it
+        return {"warm_start": UNKNOWN_WARM}
     h = hashlib.sha256()
-    for f in sorted(warm.glob("*.safetensors")):
+    for f in weights:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     out: dict[str, Any] = {"warm_start": h.hexdigest()[:8]}

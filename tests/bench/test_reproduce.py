@@ -150,6 +150,9 @@ def test_a_run_whose_updates_are_in_the_csv_is_not_run_again(tmp_path: Path) -> 
     assert not (tmp_path / "runs" / "ezpoints-gtr-s0").exists()
     (warm / "model.safetensors").write_bytes(b"retrained")  # another start: nothing is done
     assert rp.recorded(rows, tmp_path, None) == set()
+    (warm / "model.safetensors").unlink()  # none at all: nothing can match it
+    unknown = run("gtr", 60, rp.warm_identity(warm)["warm_start"])
+    assert rp.recorded(unknown, tmp_path, None) == set()
 
 
 def test_each_pair_is_compared_once() -> None:
