@@ -286,6 +286,8 @@ def _answer_many(
             results: list[Any] = corrector.correct_many(
                 [req for _, req in sent], [traces[i] for i, _ in sent]
             )
+            if len(results) != len(sent):
+                raise RuntimeError(f"{len(results)} answers to {len(sent)} requests")
         except Exception as e:  # noqa: BLE001 - the whole call failed: every step records why
             results = [e] * len(sent)
         for (i, _), result in zip(sent, results, strict=True):

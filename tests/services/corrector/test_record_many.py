@@ -161,3 +161,63 @@ def test_a_batch_that_loses_a_race_keeps_the_winners_rows(store_url: str) -> Non
             ).all()
         )
     assert rows.pop(steps[0]) == "the winner" and set(rows) == set(steps[1:])
+
+
+def test_a_batch_corrector_answers_all_steps_in_one_call(store_url: str) -> None:
+    """A corrector with ``correct_many`` (the self-teacher's protocol) is called once for the
+    batch; its per-step failures and a failure of the whole call are recorded step by step."""
+    from services.corrector.base import BatchCorrector, CorrectorError
+
+    url, oracle = store_url, OracleCorrector()
+    one_run, one_steps = _rollout(url)
+    for sid in one_steps:
+        with session_scope(url) as s:
+            record_correction(s, sid, "oracle", oracle)
+
+    class Batched(OracleCorrector):
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+            self.refuse: set[int] = set()  # indices of the batch answered with an error
+            self.broken = False
+
+        def correct_many(self, reqs: list[Any], traces: list[Any]) -> list[Any]:
+            self.calls.append(len(reqs))
+            if self.broken:
+                raise RuntimeError("the teacher's process died")
+            return [
+                CorrectorError("malformed", "<b>not JSON</b>", "raw'\"<script>")
+                if i in self.refuse
+                else oracle.correct(r, t)
+                for i, (r, t) in enumerate(zip(reqs, traces, strict=True))
+            ]
+
+    batched = Batched()
+    assert isinstance(batched, BatchCorrector) and not isinstance(oracle, BatchCorrector)
+    run_id, steps = _rollout(url)
+    batched.refuse = {1}
+    with session_scope(url) as s:
+        assert record_corrections(s, steps, "oracle", batched) == len(steps)
+    assert batched.calls == [len(steps)]
+    rows, _ = _outcome(url, run_id)
+    want, _ = _outcome(url, one_run)
+    failed = [k for k, r in enumerate(rows) if r[0] == "failed"]
+    assert len(failed) == 1  # the one refused; every other step as one at a time writes it
+    k = failed[0]
+    assert rows[:k] + rows[k + 1 :] == want[:k] + want[k + 1 :]
+    with session_scope(url) as s:
+        err, raw = s.execute(
+            select(Correction.error, Correction.raw).where(
+                Correction.run_id == run_id, Correction.status == "failed"
+            )
+        ).one()
+    assert err is not None and "not JSON" in err and raw == "raw'\"<script>"
+
+    broken_run, broken_steps = _rollout(url)
+    batched.broken = True
+    with session_scope(url) as s:
+        record_corrections(s, broken_steps, "oracle", batched)
+    rows, counts = _outcome(url, broken_run)
+    assert len(rows) == len(broken_steps) and {r[0] for r in rows} == {"failed"} and not any(counts)
+    with session_scope(url) as s:
+        errors = set(s.scalars(select(Correction.error).where(Correction.run_id == broken_run)))
+    assert errors == {"error: RuntimeError: the teacher's process died"}
