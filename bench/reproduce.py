@@ -19,8 +19,8 @@ A variant (``configs/repro/variants.toml``) changes settings of every arm alike;
 reported as their own group. Finished runs are never run again, so an interrupted study resumes.
 Every row names the start model its run began from (``warm_start``, a hash of the weights): the
 same warm-start recipe trains different weights on a different CPU, so runs are grouped, paired
-and skipped as done only with runs from the same weights. Resuming on another machine means
-``--warm-from`` the first machine's warm starts, or a new group.
+and skipped as done only with runs from the same weights. A task whose warm start is kept in
+``docs/results/warm/TASK`` (committed after it was made) starts from those weights on any machine.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -48,6 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "repro"  # arms.toml, variants.toml, TASK-warm.toml
 # Where TASK.toml and the warm starts come from (--config-dir, --warm-from: a 7B GPU study).
 STUDY = {"configs": CONFIGS, "warm": Path()}
+# The study's warm starts, kept in git: the same recipe trains other weights on another CPU, so a
+# study continued on another machine starts from these (3.8 MB per tiny task), not a new gtr sft.
+KEPT = ROOT / "docs" / "results" / "warm"
 GTR = str(ROOT / ".venv" / "bin" / "gtr")
 TASKS = ("ezpoints", "points24", "numberline")
 ARMS = ("gtr", "rl4vlm", "sft_only", "gtr_noise")
@@ -170,12 +174,43 @@ def others(running: list[Any], models: Path) -> int:
     return max(0, len(found.split()) - len(running))
 
 
+def carry_warm(task: str, src: Path, dest: Path, models: Path) -> None:
+    """Install the study's committed warm start (``KEPT/TASK``) as this machine's: its weights
+    as they are, its base folder (config, tokenizer; the weights replace the base's) built here
+    as ``gtr sft`` builds it, and ``policy.json`` pointed at that folder."""
+    meta = json.loads((src / "policy.json").read_text())
+    base = models / Path(meta["base_model"]).name
+    with open(CONFIGS / f"{task}-warm.toml", "rb") as fh:
+        model = tomllib.load(fh).get("model", {})
+    build = (
+        "import sys, json; from shared.schemas import ModelConfig; "
+        "from services.trainer.warmstart import base_model_path; "
+        "print(base_model_path(ModelConfig.model_validate(json.loads(sys.argv[1])), sys.argv[2]))"
+    )
+    env = child_env(models.parent / "warm-data" / task, models)
+    built = subprocess.run(
+        [sys.executable, "-c", build, json.dumps(model), task],
+        cwd=ROOT, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if built.returncode != 0 or Path(built.stdout.split()[-1]) != base:
+        sys.exit(f"could not build the base model {base} of {src}:\n{built.stderr[-2000:]}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "policy.json":
+            shutil.copy2(f, dest / f.name)
+    (dest / "policy.json").write_text(json.dumps(meta | {"base_model": str(base)}, indent=2))
+    print(f"warm/{task}: the study's kept warm start {warm_identity(dest)['warm_start']}")
+
+
 def warm_jobs(tasks: list[str], out: Path) -> list[Job]:
-    """`gtr sft` per task whose warm start is not there yet."""
+    """`gtr sft` per task whose warm start is not there yet (none kept in KEPT/TASK either)."""
     jobs = []
     for task in tasks:
         dest = out / "warm" / task
         if (dest / "policy.json").exists():
+            continue
+        if (KEPT / task / "policy.json").exists():
+            carry_warm(task, KEPT / task, dest, out / "models")
             continue
         cmd = [
             GTR,

@@ -211,3 +211,23 @@ def test_collect_only_merges_a_finished_run_and_starts_nothing(
     assert not (out / "runs" / "numberline-rl4vlm-s0").exists()  # nothing was started
     assert not (out / "models").exists()  # nor a warm start
     assert "numberline" in (tmp_path / "results.md").read_text()
+
+
+def test_the_kept_warm_start_is_what_a_new_machine_starts_from(tmp_path: Path) -> None:
+    """The study's warm start kept in git (docs/results/warm/TASK) is installed, not retrained:
+    its base folder built here, its weights loaded as they are, the same identity."""
+    import torch
+    from safetensors.torch import load_file
+
+    from services.policy.service import policy_for_checkpoint
+
+    rp = _reproduce()
+    kept = rp.KEPT / "ezpoints"
+    assert rp.warm_jobs(["ezpoints"], tmp_path) == []  # no gtr sft to run
+    dest = tmp_path / "warm" / "ezpoints"
+    assert rp.warm_identity(dest) == rp.warm_identity(kept)
+    policy = policy_for_checkpoint(None, dest)
+    assert Path(policy.model_path).parent == tmp_path / "models"
+    weights = load_file(kept / "model.safetensors")
+    state = policy.model.state_dict()
+    assert weights and all(torch.equal(state[k], v) for k, v in weights.items())
