@@ -19,8 +19,9 @@ A variant (``configs/repro/variants.toml``) changes settings of every arm alike;
 reported as their own group. Finished runs are never run again, so an interrupted study resumes.
 Every row names the start model its run began from (``warm_start``, a hash of the weights): the
 same warm-start recipe trains different weights on a different CPU, so runs are grouped, paired
-and skipped as done only with runs from the same weights. A task whose warm start is kept in
-``docs/results/warm/TASK`` (committed after it was made) starts from those weights on any machine.
+and skipped as done only with runs from the same weights. Each task's warm start is kept in
+``docs/results/warm/TASK`` once made (commit it with the results); a study on another machine
+installs it instead of running ``gtr sft`` again.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "repro"  # arms.toml, variants.toml, TASK-warm.toml
 # Where TASK.toml and the warm starts come from (--config-dir, --warm-from: a 7B GPU study).
 STUDY = {"configs": CONFIGS, "warm": Path()}
-# The study's warm starts, kept in git: the same recipe trains other weights on another CPU, so a
-# study continued on another machine starts from these (3.8 MB per tiny task), not a new gtr sft.
-KEPT = ROOT / "docs" / "results" / "warm"
+# The study's warm starts are kept beside its results (RESULTS/warm/TASK, in git): the same recipe
+# trains other weights on another CPU, so a study continued on another machine starts from these
+# (3.8 MB per tiny task), not from a new gtr sft.
+KEPT = "warm"
 GTR = str(ROOT / ".venv" / "bin" / "gtr")
 TASKS = ("ezpoints", "points24", "numberline")
 ARMS = ("gtr", "rl4vlm", "sft_only", "gtr_noise")
@@ -175,7 +177,7 @@ def others(running: list[Any], models: Path) -> int:
 
 
 def carry_warm(task: str, src: Path, dest: Path, models: Path) -> None:
-    """Install the study's committed warm start (``KEPT/TASK``) as this machine's: its weights
+    """Install the study's kept warm start (``RESULTS/warm/TASK``) as this machine's: its weights
     as they are, its base folder (config, tokenizer; the weights replace the base's) built here
     as ``gtr sft`` builds it, and ``policy.json`` pointed at that folder."""
     meta = json.loads((src / "policy.json").read_text())
@@ -202,15 +204,30 @@ def carry_warm(task: str, src: Path, dest: Path, models: Path) -> None:
     print(f"warm/{task}: the study's kept warm start {warm_identity(dest)['warm_start']}")
 
 
-def warm_jobs(tasks: list[str], out: Path) -> list[Job]:
-    """`gtr sft` per task whose warm start is not there yet (none kept in KEPT/TASK either)."""
+def keep_warm(task: str, warm: Path, results: Path) -> None:
+    """Keep a warm start just made beside the results (committed with them), unless one is."""
+    kept = results / KEPT / task
+    if (kept / "policy.json").exists() or not (warm / "policy.json").exists():
+        return
+    kept.mkdir(parents=True)
+    for f in warm.iterdir():
+        if f.name != "policy.json":
+            shutil.copy2(f, kept / f.name)
+    meta = json.loads((warm / "policy.json").read_text())
+    meta["base_model"] = Path(meta["base_model"]).name  # rebuilt by carry_warm where it is used
+    (kept / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"warm/{task}: kept in {kept} (commit it with the results)")
+
+
+def warm_jobs(tasks: list[str], out: Path, results: Path) -> list[Job]:
+    """`gtr sft` per task whose warm start is not there yet (none kept in RESULTS/warm/TASK)."""
     jobs = []
     for task in tasks:
         dest = out / "warm" / task
         if (dest / "policy.json").exists():
             continue
-        if (KEPT / task / "policy.json").exists():
-            carry_warm(task, KEPT / task, dest, out / "models")
+        if (results / KEPT / task / "policy.json").exists():
+            carry_warm(task, results / KEPT / task, dest, out / "models")
             continue
         cmd = [
             GTR,
@@ -923,7 +940,9 @@ def main() -> None:
     ran = not (args.report_only or args.collect_only)
     if ran:
         if not args.warm_from:
-            run_jobs(warm_jobs(tasks, out), args.jobs, models)
+            run_jobs(warm_jobs(tasks, out, args.results), args.jobs, models)
+            for t in tasks:
+                keep_warm(t, out / "warm" / t, args.results)
         loads.append(os.getloadavg()[0])
         items = plan_items(tasks, seeds, task_seeds, args.variant, args.plan)
         done = recorded(read_csv(args.results / "updates.csv"), out, args.updates)

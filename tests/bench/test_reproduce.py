@@ -222,8 +222,8 @@ def test_the_kept_warm_start_is_what_a_new_machine_starts_from(tmp_path: Path) -
     from services.policy.service import policy_for_checkpoint
 
     rp = _reproduce()
-    kept = rp.KEPT / "ezpoints"
-    assert rp.warm_jobs(["ezpoints"], tmp_path) == []  # no gtr sft to run
+    kept = ROOT / "docs" / "results" / rp.KEPT / "ezpoints"
+    assert rp.warm_jobs(["ezpoints"], tmp_path, kept.parent.parent) == []  # no gtr sft to run
     dest = tmp_path / "warm" / "ezpoints"
     assert rp.warm_identity(dest) == rp.warm_identity(kept)
     policy = policy_for_checkpoint(None, dest)
@@ -231,3 +231,9 @@ def test_the_kept_warm_start_is_what_a_new_machine_starts_from(tmp_path: Path) -
     weights = load_file(kept / "model.safetensors")
     state = policy.model.state_dict()
     assert weights and all(torch.equal(state[k], v) for k, v in weights.items())
+    # A warm start made on this machine is kept the same way, with no machine path in it.
+    results = tmp_path / "results"
+    rp.keep_warm("ezpoints", dest, results)
+    again = results / "warm" / "ezpoints"
+    assert rp.warm_identity(again) == rp.warm_identity(kept)
+    assert (again / "policy.json").read_text() == (kept / "policy.json").read_text()
