@@ -196,11 +196,7 @@ def carry_warm(task: str, src: Path, dest: Path, models: Path) -> None:
     )  # fmt: skip
     if built.returncode != 0 or Path(built.stdout.split()[-1]) != base:
         sys.exit(f"could not build the base model {base} of {src}:\n{built.stderr[-2000:]}")
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "policy.json":
-            shutil.copy2(f, dest / f.name)
-    (dest / "policy.json").write_text(json.dumps(meta | {"base_model": str(base)}, indent=2))
+    copy_warm(src, dest, str(base))
     print(f"warm/{task}: the study's kept warm start {warm_identity(dest)['warm_start']}")
 
 
@@ -209,14 +205,19 @@ def keep_warm(task: str, warm: Path, results: Path) -> None:
     kept = results / KEPT / task
     if (kept / "policy.json").exists() or not (warm / "policy.json").exists():
         return
-    kept.mkdir(parents=True)
-    for f in warm.iterdir():
-        if f.name != "policy.json":
-            shutil.copy2(f, kept / f.name)
-    meta = json.loads((warm / "policy.json").read_text())
-    meta["base_model"] = Path(meta["base_model"]).name  # rebuilt by carry_warm where it is used
-    (kept / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
+    base = json.loads((warm / "policy.json").read_text())["base_model"]
+    copy_warm(warm, kept, Path(base).name)  # the base is rebuilt by carry_warm where it is used
     print(f"warm/{task}: kept in {kept} (commit it with the results)")
+
+
+def copy_warm(src: Path, dest: Path, base_model: str) -> None:
+    """A warm-start checkpoint folder copied, its ``policy.json`` naming ``base_model``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "policy.json":
+            shutil.copy2(f, dest / f.name)
+    meta = json.loads((src / "policy.json").read_text()) | {"base_model": base_model}
+    (dest / "policy.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def warm_jobs(tasks: list[str], out: Path, results: Path) -> list[Job]:
@@ -424,6 +425,7 @@ def read_updates(run_dir: Path) -> list[dict[str, Any]]:
 def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> list[dict[str, Any]]:
     """Every update of every completed run (base and variants), tagged with its group."""
     rows = []
+    warms: dict[str, dict[str, Any]] = {}  # warm folder -> its identity: hashed once
     for task in tasks:
         for variant in variants_found(out, task):
             for arm in arms:
@@ -432,7 +434,10 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                     if run_status(run_dir) != "completed":
                         continue
                     with open(run_dir / "config.toml", "rb") as f:
-                        warm = warm_identity(Path(tomllib.load(f)["init"]["checkpoint"]))
+                        start = tomllib.load(f)["init"]["checkpoint"]
+                    if start not in warms:
+                        warms[start] = warm_identity(Path(start))
+                    warm = warms[start]
                     group = group_name(task, variant, warm["warm_start"])
                     updates = read_updates(run_dir)
                     updates[-1] |= (
@@ -609,7 +614,7 @@ def mean_sd(xs: list[float]) -> str:
     return f"{m:.2f} ± {sd:.2f}"
 
 
-def table_md(rows: list[dict[str, Any]], arms: list[str], out: Path) -> str:
+def table_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
     """Per group: the task's warm start row, then one row per arm (mean ± sd over its seeds)."""
     head = "| task | arm | seeds | " + " | ".join(t for _, t, _ in TABLE) + " |"
     lines = [head, "|" + "---|" * (len(TABLE) + 3)]
@@ -810,9 +815,7 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {py}, {platform.system()}"
 
 
-def generated_md(
-    rows: list[dict[str, Any]], arms: list[str], out: Path, meta: dict[str, Any]
-) -> str:
+def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, Any]) -> str:
     parts = [
         BEGIN,
         "",
@@ -823,7 +826,7 @@ def generated_md(
         "### Table (mean ± sd over seeds; 'final' = last update; greedy SR = held-out "
         "deals played greedily)",
         "",
-        table_md(rows, arms, out),
+        table_md(rows, arms),
         "",
         "### Paired comparisons (same seeds and warm start; final greedy success)",
         "",
@@ -871,7 +874,7 @@ def write_report(
     text = md_path.read_text() if md_path.exists() else f"# Results\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    md_path.write_text(head + generated_md(rows, arms, out, meta) + tail)
+    md_path.write_text(head + generated_md(rows, arms, meta) + tail)
     print(f"wrote {md_path}, {results}/updates.csv and the curves", flush=True)
 
 
