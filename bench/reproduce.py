@@ -95,8 +95,10 @@ CURVES = [
     ("thought_length", "thought length (words)"),
     ("probe_format_valid_rate", "probe JSON valid"),
     ("corrected_rate", "corrected rate"),
-    ("grad_norm", "gradient norm (PPO+value)"),
-    ("grad_norm/sft", "gradient norm (thought SFT)"),
+    # Before clipping. Without train.clip_per_loss the SFT term is in grad_norm and clipped with
+    # it; with it, grad_norm is PPO+value alone and grad_norm/sft the SFT term's own.
+    ("grad_norm", "gradient norm (all terms; PPO+value if clip_per_loss)"),
+    ("grad_norm/sft", "gradient norm (thought SFT, clip_per_loss)"),
     ("explained_variance", "value explained variance"),
     ("sft_samples", "DAgger buffer size"),
 ]
@@ -553,9 +555,9 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
                     row[k] = int(float(v))
                 elif k in ("group", "task", "variant", "arm", "created_at", "warm_start"):
                     row[k] = v
-                else:
+                else:  # "2" stays an int and "2.0" a float: --report-only rewrites the same CSV
                     try:
-                        row[k] = float(v)
+                        row[k] = int(v) if v.lstrip("-").isdigit() else float(v)
                     except ValueError:
                         row[k] = v
             row.setdefault("variant", "")
@@ -753,6 +755,31 @@ def png_name(group: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "-", group).strip("-") + ".png"
 
 
+def curve(
+    rows: list[dict[str, Any]], group: str, arm: str, key: str
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(env steps, mean over seeds, min, max) of one arm's metric, at the updates where some seed
+    has it: a metric measured every k updates (the greedy evaluation) becomes k-spaced points
+    instead of a line broken at every update that lacks it."""
+    runs = series(rows, group, arm, key)
+    if not runs:
+        return [], [], [], []
+    n = min(len(v) for v in runs.values())
+    first = min(runs)
+    steps = [
+        r["env_steps"]
+        for r in rows
+        if r["group"] == group and r["arm"] == arm and r["seed"] == first
+    ][:n]
+    out: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
+    for x, col in zip(steps, zip(*[v[:n] for v in runs.values()], strict=True), strict=True):
+        finite = [v for v in col if not math.isnan(v)]
+        if finite:
+            for dest, value in zip(out, (x, _nanmean(col), min(finite), max(finite)), strict=True):
+                dest.append(value)
+    return out
+
+
 def plot(rows: list[dict[str, Any]], group: str, arms: list[str], path: Path) -> None:
     """One figure per task: a panel per metric, mean over seeds with the min–max band."""
     import matplotlib
@@ -763,23 +790,22 @@ def plot(rows: list[dict[str, Any]], group: str, arms: list[str], path: Path) ->
     fig, axes = plt.subplots(4, 4, figsize=(18, 14))
     for ax in axes.flat[len(CURVES) :]:
         ax.set_visible(False)
+    n_updates = len({r["update"] for r in rows if r["group"] == group})
     for ax, (key, title) in zip(axes.flat, CURVES, strict=False):
-        for arm in arms:
-            runs = series(rows, group, arm, key)
-            if not runs:
+        drawn = False
+        for i, arm in enumerate(arms):  # one colour per arm in every panel
+            steps, mean, lo, hi = curve(rows, group, arm, key)
+            if not steps:
                 continue
-            n = min(len(v) for v in runs.values())
-            steps = [
-                r["env_steps"]
-                for r in rows
-                if r["group"] == group and r["arm"] == arm and r["seed"] == min(runs)
-            ][:n]
-            cols = list(zip(*[v[:n] for v in runs.values()], strict=True))
-            mean = [_nanmean(c) for c in cols]
-            line = ax.plot(steps, mean, label=f"{arm} (n={len(runs)})")[0]
-            lo = [min((x for x in c if not math.isnan(x)), default=math.nan) for c in cols]
-            hi = [max((x for x in c if not math.isnan(x)), default=math.nan) for c in cols]
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+            seeds = len(series(rows, group, arm, key))
+            sparse = len(steps) < n_updates / 2  # e.g. the greedy evaluation, every 5th update
+            marker = "o" if sparse else None
+            colour = f"C{i % 10}"
+            ax.plot(steps, mean, color=colour, marker=marker, ms=4, label=f"{arm} (n={seeds})")
+            ax.fill_between(steps, lo, hi, color=colour, alpha=0.15)
+            drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "not recorded by these runs", ha="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)

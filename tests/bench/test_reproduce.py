@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+JUDGE = "eval/success_rate"
 KEYS = [
     "group",
     "task",
@@ -237,3 +238,38 @@ def test_the_kept_warm_start_is_what_a_new_machine_starts_from(tmp_path: Path) -
     again = results / "warm" / "ezpoints"
     assert rp.warm_identity(again) == rp.warm_identity(kept)
     assert (again / "policy.json").read_text() == (kept / "policy.json").read_text()
+
+
+def test_a_metric_measured_every_k_updates_is_drawn_at_those_updates() -> None:
+    """The greedy evaluation runs after update 1, every 5th and the last: its curve must be those
+    points (mean over seeds, min-max band), not a line broken at every update without it."""
+    rp = _reproduce()
+    nan = float("nan")
+    evals = {0: [nan, 0.2, nan, nan, nan, 0.4, nan], 1: [nan, 0.0, nan, nan, nan, nan, nan]}
+    rows = [
+        {"group": "g", "arm": "gtr", "seed": s, "update": u, "env_steps": 128 * (u + 1), JUDGE: v}
+        for s, values in evals.items()
+        for u, v in enumerate(values)
+    ]
+    rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and v != v)} for r in rows]
+    steps, mean, lo, hi = rp.curve(rows, "g", "gtr", JUDGE)
+    assert steps == [256, 768]
+    assert mean == [0.1, 0.4]
+    assert (lo, hi) == ([0.0, 0.4], [0.2, 0.4])
+    assert rp.curve(rows, "g", "gtr", "grad_norm/sft") == ([], [], [], [])
+    assert rp.curve(rows, "g", "rl4vlm", JUDGE) == ([], [], [], [])
+
+
+def test_report_only_writes_back_the_csv_it_read(tmp_path: Path) -> None:
+    """Rebuilding the page must not rewrite the study's raw data: ints stay ints ("2", not
+    "2.0"), floats and strings as they were."""
+    rp = _reproduce()
+    path = tmp_path / "updates.csv"
+    text = (
+        "group,task,variant,arm,seed,update,env_steps,created_at,checkpoint_id,lr,trained\n"
+        "g,ezpoints,,gtr,0,1,256,2026-12-01 16:02:11,2,0.0001,True\n"
+        "g,ezpoints,,gtr,0,2,384,2026-12-01 16:02:40,3.0,-1.5,\n"
+    )
+    path.write_text(text)
+    rp.write_csv(rp.read_csv(path), path)
+    assert path.read_text().replace("\r\n", "\n") == text
