@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import html
 import json
 import math
 import os
@@ -446,6 +447,7 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                         late_episodes(run_dir, len(updates) - 5)
                         | run_minutes(run_dir)
                         | corrector_cost(run_dir)
+                        | final_outputs(run_dir)
                     )
                     for u in updates:
                         rows.append(
@@ -460,6 +462,24 @@ def collect(out: Path, tasks: list[str], arms: list[str], seeds: list[int]) -> l
                             }
                         )
     return rows
+
+
+def final_outputs(run_dir: Path) -> dict[str, str]:
+    """``greedy_samples``: what the run's final checkpoint writes on the first held-out deals
+    (bench/greedy_samples.py, run once per run folder and kept there), as one JSON string for the
+    CSV, so that --report-only can show outputs too; {} when it cannot be had (reported)."""
+    kept = run_dir / "greedy_samples.json"
+    if not kept.exists():
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "greedy_samples.py"), str(run_dir)],
+            cwd=ROOT, env=child_env(run_dir / "data", run_dir.parent.parent / "models"),
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            print(f"  {run_dir.name}: no greedy samples: {done.stderr.strip()[-300:]}", flush=True)
+            return {}
+        kept.write_text(done.stdout)
+    return {"greedy_samples": json.dumps(json.loads(kept.read_text()))}
 
 
 def late_episodes(run_dir: Path, first_update: int) -> dict[str, float]:
@@ -841,6 +861,54 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {py}, {platform.system()}"
 
 
+def samples_md(rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    """Per group, each run's final greedy output on the first held-out deal (one deal for every
+    run, so the arms read side by side) and how many of the kept deals its thought read right."""
+    found = [r for r in rows if r.get("greedy_samples")]
+    if not found:
+        return []
+    out = [
+        "### What the final checkpoints write (greedy, first step of held-out deals)",
+        "",
+        "Each run's final checkpoint on the first held-out deal (`bench/greedy_samples.py`); "
+        "*reads state* counts the deals kept per run whose thought names the true cards.",
+        "",
+    ]
+    order = {a: i for i, a in enumerate(arms)}
+    for group in groups(found):
+        out += [f"**{group}**", "", "| arm | seed | true state | output | reads state |"]
+        out += ["|---|---|---|---|---|"]
+        runs = sorted(
+            (r for r in found if r["group"] == group),
+            key=lambda r: (order.get(r["arm"], len(order)), r["seed"]),
+        )
+        for r in runs:
+            samples = json.loads(r["greedy_samples"])
+            first = samples[0]
+            reads = sum(bool(x["reads_state"]) for x in samples)
+            out.append(
+                f"| {r['arm']} | {r['seed']} | {_cell(_state_text(first['state']))} | "
+                f"{_cell(first['output'])} | {reads} of {len(samples)} |"
+            )
+        out.append("")
+    return out
+
+
+def _state_text(state: dict[str, Any]) -> str:
+    """The part of a card task's state a reader checks a thought against."""
+    keys = [k for k in ("cards", "numbers", "target") if k in state]
+    if not keys:
+        return json.dumps(state)[:120]
+    show = lambda v: " ".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
+    return ", ".join(f"{k} {show(state[k])}" for k in keys)
+
+
+def _cell(text: str) -> str:
+    """A model's text as one markdown table cell: HTML-escaped code, no pipes or line breaks."""
+    safe = html.escape(" ".join(text.split())).replace("|", "&#124;")
+    return f"<code>{safe}</code>" if safe else "(empty)"
+
+
 def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, Any]) -> str:
     parts = [
         BEGIN,
@@ -861,6 +929,7 @@ def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, An
     ]
     for group in groups(rows):
         parts += [f"![{group} curves](results/{png_name(group)})", ""]
+    parts += samples_md(rows, arms)
     commands = ["```bash", *meta["commands"], "```", ""] if meta["commands"] else []
     parts += [
         "### How this table was made",

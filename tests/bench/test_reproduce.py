@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -211,7 +212,14 @@ def test_collect_only_merges_a_finished_run_and_starts_nothing(
     assert {(r["warm_start"], r["group"]) for r in ours} == {(warm, f"numberline (warm {warm})")}
     assert not (out / "runs" / "numberline-rl4vlm-s0").exists()  # nothing was started
     assert not (out / "models").exists()  # nor a warm start
-    assert "numberline" in (tmp_path / "results.md").read_text()
+    page = (tmp_path / "results.md").read_text()
+    assert "numberline" in page
+    # What its final checkpoint writes on the held-out deals: decoded once, kept in the CSV.
+    samples = json.loads(ours[-1]["greedy_samples"])
+    assert len(samples) == 3 and all(isinstance(x["output"], str) for x in samples)
+    assert len({json.dumps(x["state"]) for x in samples}) == 3  # three different deals
+    assert (run_dir / "greedy_samples.json").exists()
+    assert "What the final checkpoints write" in page
 
 
 def test_the_kept_warm_start_is_what_a_new_machine_starts_from(tmp_path: Path) -> None:
@@ -273,3 +281,25 @@ def test_report_only_writes_back_the_csv_it_read(tmp_path: Path) -> None:
     path.write_text(text)
     rp.write_csv(rp.read_csv(path), path)
     assert path.read_text().replace("\r\n", "\n") == text
+
+
+def test_model_outputs_on_the_page_are_escaped_cells() -> None:
+    """A model writes anything: quotes, HTML, script, pipes and backticks must stay one table cell
+    of inert text on the results page."""
+    rp = _reproduce()
+    hostile = '{"thoughts": "<script>alert(\'x\')</script> | `rm -rf` \\"q\\"", "action": "<b>"}'
+    samples = [
+        {
+            "state": {"cards": ["H6", "S2"], "numbers": [6, 2]},
+            "output": hostile,
+            "reads_state": False,
+        },
+        {"state": {"cards": ["C4", "S8"]}, "output": "", "reads_state": True},
+    ]
+    rows = [{"group": "g", "arm": "gtr", "seed": 0, "greedy_samples": json.dumps(samples)}]
+    md = "\n".join(rp.samples_md(rows, ["gtr"]))
+    row = next(line for line in md.splitlines() if line.startswith("| gtr |"))
+    assert "<script>" not in md and "&lt;script&gt;" in row and "&lt;b&gt;" in row
+    assert row.count("|") == 6  # five cells: the output's pipe is an entity
+    assert "cards H6 S2, numbers 6 2" in row and row.endswith("| 1 of 2 |")
+    assert rp.samples_md([{"group": "g", "arm": "gtr", "seed": 0}], ["gtr"]) == []
