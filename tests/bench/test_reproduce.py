@@ -105,8 +105,24 @@ def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_pa
     # ... and the page says plainly where it does not (points24).
     assert "the paper's ordering does **not** hold (gtr beat sft_only on 0 of 2 seeds" in page
     assert "no collapse contrast: both collapsed" in page
-    assert "**points24** (2+ seeds per arm, preliminary: fewer than the 3" in page
-    assert "**ezpoints** (3+ seeds per arm, final" in page
+    assert "**points24** (2 seeds finished by every arm, preliminary: fewer than the 3" in page
+    assert "**ezpoints** (3 seeds finished by every arm; final" in page
+    # A seed one arm lacks is left out of every arm's mean: the arms are compared on one set.
+    _write(
+        results / "updates.csv",
+        {
+            "g": (
+                {"gtr": [0.1, 0.9], "sft_only": [0.3], "rl4vlm": [0.2, 0.0]},
+                {"gtr": 0.2, "sft_only": 0.2, "rl4vlm": 0.9},
+            )
+        },
+    )
+    again = subprocess.run(out.args, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    page = (tmp_path / "results.md").read_text()
+    assert "**g** (1 seed finished by every arm, preliminary" in page
+    assert "seed 1 of some arms left out; final greedy success on them): gtr 0.10, " in page
+    assert "sft_only 0.30, rl4vlm 0.20: the paper's ordering does **not** hold" in page
 
 
 def _reproduce() -> Any:
