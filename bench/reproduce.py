@@ -756,7 +756,9 @@ def conclusion_md(
             a: _mean([final_per_seed(rows, group, a, JUDGE, "late")[s] for s in sorted(shared)])
             for a in ORDER
         }
-        late_verdict = "holds" if late["gtr"] > late["sft_only"] > late["rl4vlm"] else "does not hold"
+        late_verdict = (
+            "holds" if late["gtr"] > late["sft_only"] > late["rl4vlm"] else "does not hold"
+        )
         share = {
             a: _mean(list(final_per_seed(rows, group, a, "probe_top_thought_share").values()))
             for a in ("gtr", "rl4vlm")
