@@ -686,26 +686,30 @@ def pairs(arms: list[str]) -> list[tuple[str, str]]:
 
 
 def paired_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
-    """Per group and pair: final greedy success A - B on the seeds both ran (same warm start,
-    same env seeds), its mean ± sd, and on how many seeds A won, tied, lost."""
+    """Per group and pair: greedy success A - B on the seeds both ran (same warm start, same env
+    seeds), final and as the mean of the second half's evaluations: mean ± sd, and on how many
+    seeds A won, tied, lost."""
     lines = [
-        "| task | A vs B | seeds | mean A − B | A won / tied / lost |",
-        "|---|---|---|---|---|",
+        "| task | A vs B | seeds | final: mean A − B | final: A won / tied / lost "
+        "| 2nd half: mean A − B | 2nd half: A won / tied / lost |",
+        "|---|---|---|---|---|---|---|",
     ]
     for group in groups(rows):
         for a, b in pairs(arms):
-            fa, fb = (final_per_seed(rows, group, x, JUDGE) for x in (a, b))
-            common = sorted(
-                s for s in fa.keys() & fb.keys() if not (math.isnan(fa[s]) or math.isnan(fb[s]))
-            )
-            if not common:
+            cells = []
+            for how in ("final", "late"):
+                fa, fb = (final_per_seed(rows, group, x, JUDGE, how) for x in (a, b))
+                common = sorted(
+                    s for s in fa.keys() & fb.keys() if not (math.isnan(fa[s]) or math.isnan(fb[s]))
+                )
+                d = [fa[s] - fb[s] for s in common]
+                won, lost = sum(x > 1e-9 for x in d), sum(x < -1e-9 for x in d)
+                cells += [mean_sd(d), f"{won} / {len(d) - won - lost} / {lost}", str(len(d))]
+            if cells[2] == "0":
                 continue
-            d = [fa[s] - fb[s] for s in common]
-            won = sum(x > 1e-9 for x in d)
-            lost = sum(x < -1e-9 for x in d)
             lines.append(
-                f"| {group} | {a} vs {b} | {len(common)} | {mean_sd(d)} | "
-                f"{won} / {len(d) - won - lost} / {lost} |"
+                f"| {group} | {a} vs {b} | {cells[2]} | {cells[0]} | {cells[1]} | {cells[3]} | "
+                f"{cells[4]} |"
             )
     return "\n".join(lines)
 
@@ -950,7 +954,7 @@ def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, An
         "",
         table_md(rows, arms),
         "",
-        "### Paired comparisons (same seeds and warm start; final greedy success)",
+        "### Paired comparisons (same seeds and warm start; greedy success)",
         "",
         paired_md(rows, arms),
         "",

@@ -102,7 +102,10 @@ def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_pa
     assert "gtr beat sft_only on 3 of 3 seeds" in page
     assert "evaluations gtr 0.80, sft_only 0.50, rl4vlm 0.20: it holds." in page
     assert "RL4VLM's probe thoughts collapsed and GTR's did not" in page
-    assert "| ezpoints | gtr vs sft_only | 3 | 0.30 ± 0.10 | 3 / 0 / 0 |" in page
+    assert (
+        "| ezpoints | gtr vs sft_only | 3 | 0.30 ± 0.10 | 3 / 0 / 0 | 0.30 ± 0.10 | 3 / 0 / 0 |"
+        in page
+    )
     # ... and the page says plainly where it does not (points24).
     assert "the paper's ordering does **not** hold (gtr beat sft_only on 0 of 2 seeds" in page
     assert "no collapse contrast: both collapsed" in page
