@@ -323,3 +323,23 @@ def test_model_outputs_on_the_page_are_escaped_cells() -> None:
     assert row.count("|") == 6  # five cells: the output's pipe is an entity
     assert "cards H6 S2, numbers 6 2" in row and row.endswith("| 1 of 2 |")
     assert rp.samples_md([{"group": "g", "arm": "gtr", "seed": 0}], ["gtr"]) == []
+
+
+def test_every_variant_makes_a_valid_config_for_every_arm(tmp_path: Path) -> None:
+    """A variant of configs/repro/variants.toml must validate for every arm and task, or the
+    study would stop at that run's start."""
+    import tomllib
+
+    from shared.schemas import RunConfig
+
+    rp = _reproduce()
+    variants = tomllib.loads((ROOT / "configs" / "repro" / "variants.toml").read_text())
+    arms = tomllib.loads((ROOT / "configs" / "repro" / "arms.toml").read_text())
+    assert "clip_per_loss" in variants
+    for task in ("ezpoints", "points24", "numberline"):
+        for variant in variants:
+            for arm in arms:
+                cfg = rp.run_config(task, arm, 0, tmp_path, None, variant)
+                RunConfig.model_validate(tomllib.loads(rp.to_toml(cfg)))
+    cfg = rp.run_config("ezpoints", "gtr", 0, tmp_path, None, "clip_per_loss")
+    assert cfg["train"]["clip_per_loss"] is True
