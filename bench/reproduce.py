@@ -476,10 +476,14 @@ def final_outputs(run_dir: Path) -> dict[str, str]:
             cwd=ROOT, env=child_env(run_dir / "data", run_dir.parent.parent / "models"),
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        if done.returncode != 0:
-            print(f"  {run_dir.name}: no greedy samples: {done.stderr.strip()[-300:]}", flush=True)
+        try:
+            if done.returncode != 0:
+                raise ValueError(done.stderr.strip()[-300:])
+            samples = json.loads(done.stdout)
+        except ValueError as e:  # a run whose outputs cannot be had is still reported
+            print(f"  {run_dir.name}: no greedy samples: {e}", flush=True)
             return {}
-        kept.write_text(done.stdout)
+        kept.write_text(json.dumps(samples))
     return {"greedy_samples": json.dumps(json.loads(kept.read_text()))}
 
 
