@@ -700,22 +700,27 @@ def paired_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
     ]
     for group in groups(rows):
         for a, b in pairs(arms):
-            cells = []
-            for how in ("final", "late"):
-                fa, fb = (final_per_seed(rows, group, x, JUDGE, how) for x in (a, b))
-                common = sorted(
-                    s for s in fa.keys() & fb.keys() if not (math.isnan(fa[s]) or math.isnan(fb[s]))
+            final, late = (paired_diffs(rows, group, a, b, how) for how in ("final", "late"))
+            if final:
+                lines.append(
+                    f"| {group} | {a} vs {b} | {len(final)} | {_wins(final)} | {_wins(late)} |"
                 )
-                d = [fa[s] - fb[s] for s in common]
-                won, lost = sum(x > 1e-9 for x in d), sum(x < -1e-9 for x in d)
-                cells += [mean_sd(d), f"{won} / {len(d) - won - lost} / {lost}", str(len(d))]
-            if cells[2] == "0":
-                continue
-            lines.append(
-                f"| {group} | {a} vs {b} | {cells[2]} | {cells[0]} | {cells[1]} | {cells[3]} | "
-                f"{cells[4]} |"
-            )
     return "\n".join(lines)
+
+
+def paired_diffs(rows: list[dict[str, Any]], group: str, a: str, b: str, how: str) -> list[float]:
+    """A − B of the greedy success summarised by `how`, on each seed both arms have it."""
+    fa, fb = (final_per_seed(rows, group, x, JUDGE, how) for x in (a, b))
+    common = sorted(
+        s for s in fa.keys() & fb.keys() if not (math.isnan(fa[s]) or math.isnan(fb[s]))
+    )
+    return [fa[s] - fb[s] for s in common]
+
+
+def _wins(d: list[float]) -> str:
+    """Two table cells: the mean ± sd of the differences, and A won / tied / lost."""
+    won, lost = sum(x > 1e-9 for x in d), sum(x < -1e-9 for x in d)
+    return f"{mean_sd(d)} | {won} / {len(d) - won - lost} / {lost}"
 
 
 def _mean(xs: list[float]) -> float:
