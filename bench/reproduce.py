@@ -681,12 +681,14 @@ def final_per_seed(
 
 
 def pairs(arms: list[str]) -> list[tuple[str, str]]:
-    """The paper's ordering pair by pair, then every other arm against gtr."""
+    """The paper's ordering pair by pair, then every other arm against gtr and against rl4vlm
+    (a new method is judged by both: does it reach GTR, does it beat plain RL)."""
     present = [a for a in ORDER if a in arms]
     out = list(zip(present, present[1:], strict=False))
     if "gtr" in arms and "rl4vlm" in arms and ("gtr", "rl4vlm") not in out:
         out.append(("gtr", "rl4vlm"))  # the headline gap, also where sft_only sits between
-    return out + [(a, "gtr") for a in arms if a not in ORDER]
+    others = [a for a in arms if a not in ORDER]
+    return out + [(a, base) for base in ("gtr", "rl4vlm") if base in arms for a in others]
 
 
 def paired_md(rows: list[dict[str, Any]], arms: list[str]) -> str:

@@ -185,7 +185,9 @@ def test_each_pair_is_compared_once() -> None:
         ("sft_only", "rl4vlm"),
         ("gtr", "rl4vlm"),
         ("grpo", "gtr"),
+        ("grpo", "rl4vlm"),
     ]
+    assert rp.pairs(["gtr", "grpo", "gtr_turbo"]) == [("grpo", "gtr"), ("gtr_turbo", "gtr")]
 
 
 def test_collect_only_merges_a_finished_run_and_starts_nothing(
