@@ -6,6 +6,11 @@ Service modes: one request holding the whole batch ("1 req"), and B concurrent 1
 gathered by dynamic batching ("B reqs"). ``--repeats`` interleaved rounds, each timing every batch
 size in every mode once; a ratio is the median of its per-round ratios. Prints a markdown table
 for docs/benchmarks.md.
+
+Each round also times the decode step's matrix products alone (`linears_step`): every Linear of
+the language model, LoRA's included, and the LM head, once each in model order on one new token
+per row, as a decode step runs them. Batch 16 ÷ batch 1 of that is the most batching can buy
+on this machine for this model before attention, cache growth and per-step overhead are counted.
 """
 
 from __future__ import annotations
@@ -30,6 +35,26 @@ def _rate(fn: Callable[[], int]) -> float:
     t0 = time.perf_counter()
     tokens = fn()
     return tokens / (time.perf_counter() - t0)
+
+
+def linears_step(policy: object, batch: int) -> float:
+    """Seconds of one decode step's matrix products at `batch` rows: each Linear of the language
+    model (the adapters' too) and the LM head on a (batch, in_features) input, in model order, so
+    each weight is read once per step as in decoding (the cache does not keep them all)."""
+    import torch
+    from torch import nn
+
+    from services.policy.loading import language_model
+
+    base = policy.base_model  # type: ignore[attr-defined]
+    layers = [m for m in language_model(base).modules() if isinstance(m, nn.Linear)]
+    layers.append(base.get_output_embeddings())
+    inputs = [torch.randn(batch, m.in_features) for m in layers]
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        for m, x in zip(layers, inputs, strict=True):
+            m(x)
+        return time.perf_counter() - t0
 
 
 def _serve(policy: object) -> tuple[str, Callable[[], None]]:
@@ -94,9 +119,16 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
         for fn in modes.values():
             fn()  # warm-up
         rates: dict[tuple[int, str], list[float]] = {key: [] for key in modes}
+        ceiling: list[float] = []  # batch-16 ÷ batch-1 token rate of the linears alone, per round
+        top = max(BATCHES)
         for _ in range(repeats):
             for key, fn in modes.items():
                 rates[key].append(_rate(fn))
+            one, many = (
+                statistics.median(linears_step(policy, b) for _ in range(new_tokens))
+                for b in (1, top)
+            )
+            ceiling.append(top * one / many)
         stats = client.stats()
         stop()
     threads = torch.get_num_threads()
@@ -117,12 +149,16 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
                 f"{statistics.median(rates[b, mode]):.0f} ({statistics.median(ratios):.1f}×)"
             )
         click.echo(f"| {b} | " + " | ".join(cells) + " |")
-    top = max(BATCHES)
     for mode in names:
         per_round = ", ".join(
             f"{r / r1:.1f}" for r, r1 in zip(rates[top, mode], rates[1, mode], strict=True)
         )
         click.echo(f"batch {top} ÷ batch 1, {mode}, by round: {per_round}")
+    click.echo(
+        f"batch {top} ÷ batch 1, the decode step's matrix products alone, by round: "
+        + ", ".join(f"{c:.1f}" for c in ceiling)
+        + f" (median {statistics.median(ceiling):.1f}×)"
+    )
     click.echo(
         f"service counters: {stats['batches']} model calls for {stats['requests']} requests, "
         f"{stats.get('windows', 0)} batching windows opened"
