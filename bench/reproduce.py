@@ -137,6 +137,11 @@ def run_jobs(jobs: list[Job], parallel: int, models: Path) -> dict[str, float]:
     while pending or running:
         while pending and len(running) + others(running, models) < parallel:
             job = pending.pop(0)
+            if (job.data_dir / "gtr.sqlite3").exists():
+                # planning emptied the folder, so another driver whose plan overlaps ours has
+                # started this run since: two drivers never train one run twice into one folder
+                print(f"skip  {job.name}: another reproduce.py started it", flush=True)
+                continue
             job.data_dir.mkdir(parents=True, exist_ok=True)
             with open(job.log, "w") as log:
                 proc = subprocess.Popen(

@@ -177,6 +177,32 @@ def test_a_run_whose_updates_are_in_the_csv_is_not_run_again(tmp_path: Path) -> 
     assert rp.recorded(unknown, tmp_path, None) == set()
 
 
+def test_a_run_another_driver_started_after_planning_is_not_started_again(tmp_path: Path) -> None:
+    """Two reproduce.py processes whose plans overlap (a second one started to use a free core)
+    each plan the same run; once one has started it, the other skips it instead of training a
+    second copy into the same folder."""
+    rp = _reproduce()
+    items = [("ezpoints", 2, "")]
+    first = rp.train_jobs(items, ["sft_only"], tmp_path, None)
+    second = rp.train_jobs(items, ["sft_only"], tmp_path, None)
+    assert [j.name for j in first] == [j.name for j in second] == ["ezpoints-sft_only-s2"]
+    marker = tmp_path / "second-ran"
+    started = rp.Job(  # the first driver's run, as far as the folder shows: its database exists
+        first[0].name,
+        [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close()",
+         str(first[0].data_dir / "gtr.sqlite3")],
+        first[0].data_dir, first[0].log,
+    )  # fmt: skip
+    assert set(rp.run_jobs([started], 1, tmp_path / "models")) == {started.name}
+    mine = rp.Job(
+        second[0].name,
+        [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close()", str(marker)],
+        second[0].data_dir, second[0].log,
+    )  # fmt: skip
+    assert rp.run_jobs([mine], 1, tmp_path / "models") == {}
+    assert not marker.exists()
+
+
 def test_each_pair_is_compared_once() -> None:
     rp = _reproduce()
     assert rp.pairs(["gtr", "rl4vlm"]) == [("gtr", "rl4vlm")]
