@@ -59,7 +59,17 @@ def _redis_available(url: str) -> bool:
         return False
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """This process hands tests to pytest-xdist workers and runs none itself."""
+    workers = (
+        config.getoption("numprocesses", None) if config.pluginmanager.hasplugin("xdist") else None
+    )
+    return bool(workers) and not hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if _xdist_controller(config):
+        return  # each worker makes its own database, data folder and Redis index
     data_dir = tempfile.mkdtemp(prefix="gtr-test-data-")
     os.environ["GTR_DATA_DIR"] = data_dir
     os.environ.setdefault("GTR_API_RATE_LIMIT_PER_MINUTE", "0")
@@ -86,8 +96,12 @@ def pytest_configure(config: pytest.Config) -> None:
         upgrade(url)
         os.environ["GTR_DATABASE_URL"] = url
         _state["pg_name"], _state["pg_url"] = name, url
-    # A Redis database index of our own keeps concurrent test sessions' queues apart.
-    redis_url = f"{REDIS_BASE}/{1 + os.getpid() % 14}"
+    # A Redis database index of our own keeps concurrent test sessions' queues apart: one per
+    # pytest-xdist worker of this session (gw0, gw1 ...), the session told apart by the pid of
+    # the process that started the workers.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    session = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
+    redis_url = f"{REDIS_BASE}/{1 + (worker + 2 * (session % 7)) % 14}"
     if _redis_available(redis_url):
         os.environ["GTR_REDIS_URL"] = redis_url
         _state["redis_url"] = redis_url

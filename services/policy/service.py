@@ -138,6 +138,9 @@ class Policy:
             raise ValueError(f"{self.model_type}: the language model has no final `norm` layer")
         self._final_norm = norm
         self.vision_in_checkpoint = finetune == "full"
+        # Decode with a KV cache that grows in place (services/policy/kv_cache.py); False: HF's
+        # dynamic cache, which copies the cache at every token (bench/kv_cache_bench.py).
+        self.grow_kv_cache = True
         self._lock = threading.RLock()
         self.model.eval()
 
@@ -288,7 +291,10 @@ class Policy:
                 torch.manual_seed(seed)
             with self._last_hidden(-1, inputs["input_ids"]) as hidden:  # the prefill's last token
                 out = self.model.generate(
-                    **inputs, generation_config=gcfg, logits_processor=processors
+                    **inputs,
+                    generation_config=gcfg,
+                    logits_processor=processors,
+                    **self._cache_kwargs(),
                 )
             values = self._value(*hidden[0])
             logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw
@@ -297,6 +303,17 @@ class Policy:
             self._generation(row, logp[i], ent[i], float(values[i]))
             for i, row in enumerate(out.sequences[:, prompt_len:].tolist())
         ]
+
+    def _cache_kwargs(self) -> dict[str, Any]:
+        """A KV cache that grows in place (services/policy/kv_cache.py) where the model takes
+        HF's dynamic cache; other models keep whatever HF gives them."""
+        base = self.base_model
+        supports = getattr(base, "_supports_default_dynamic_cache", None)
+        if not self.grow_kv_cache or supports is None or not supports():
+            return {}
+        from services.policy.kv_cache import CACHE_ARG, growing_cache
+
+        return {CACHE_ARG: growing_cache(base.config)}
 
     def _generation(
         self, row: list[int], logp: torch.Tensor, ent: torch.Tensor, value: float

@@ -290,7 +290,20 @@ def test_gtr_sft_trains_on_an_exported_dataset(tracked_run, warm_checkpoint, tmp
     res = cli.invoke(main, args)
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "warm_start.json").read_text())
-    assert summary["dataset/samples"] == len(want) and summary["sft/steps"] == 3
+    from services.trainer.sft_data import _rows
+
+    rows = {r["step_id"]: r for r in _rows(harvest)}
+    unused = {
+        st.id: (
+            st.action_text,
+            st.image_sha,
+            {k: rows.get(st.id, {}).get(k) for k in ("target", "corrected_thought")},
+        )
+        for st in want
+        if not (rows.get(st.id, {}).get("target") and rows[st.id].get("image"))
+    }
+    assert summary["dataset/samples"] == len(want), unused
+    assert summary["sft/steps"] == 3
     assert read_checkpoint_meta(out)["finetune"] == "full"  # a checkpoint the next run can name
     before, after = load_file(str(warm_checkpoint / FULL)), load_file(str(out / FULL))
     assert before.keys() == after.keys()

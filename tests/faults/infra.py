@@ -194,4 +194,11 @@ class Stack:
     def tails(self, names: tuple[str, ...] = ()) -> str:
         """The end of each log (of the named parts only, when given), for a failure's message."""
         logs = [self.root / f"{n}.log" for n in names] or sorted(self.root.glob("*.log"))
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in logs)
+        return "\n".join(f"--- {p.name}\n{_tail(p.read_text(errors='replace'))}" for p in logs)
+
+
+def _tail(text: str, size: int = 1500) -> str:
+    """The last `size` characters, after the log's error lines: an exception's message comes
+    before its SQL and parameters, which alone can fill the tail."""
+    errors = [x[:300] for x in text.splitlines() if "Error" in x or "Traceback" in x][-8:]
+    return "\n".join([*(f"! {x}" for x in errors), text[-size:]])

@@ -43,7 +43,10 @@ def base_url(seeded: Seeded) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session")
+# One browser per test file, not per session: Playwright's sync API keeps an asyncio loop
+# running in this thread while it is started, and under pytest-xdist a later file of the same
+# worker (tests/services/policy/test_app.py) calls asyncio.run, which refuses a running loop.
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
     need(CHROMIUM.exists(), f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
