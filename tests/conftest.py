@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -248,10 +249,42 @@ def real_run(
     return RealRun(run_id, read, write, list(corrected), int(episodes))
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int = 1) -> int:
+    """The first of `n` consecutive ports free on 127.0.0.1 (`gtr up` takes port .. port+2).
+
+    Drawn at random below the kernel's ephemeral range: a port the kernel hands out for bind(0)
+    is also what it gives the next outgoing connection, so with two pytest-xdist workers opening
+    connections and servers at once, a port found free that way is often taken again before the
+    server binds it; below the range only another draw can take it."""
+    low, rng = _ephemeral_low(), random.SystemRandom()
+    if low > 10_000 + n:
+        for _ in range(500):
+            base = rng.randrange(10_000, low - n)
+            if all(_bindable(base + i) for i in range(n)):
+                return base
+    with socket.socket() as s:  # an unusual port range: whatever the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port() -> int:
+    return free_ports(1)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_ports
 from tests.e2e.helpers import ROOT, counts, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def test_gtr_up_then_run_create_and_watch(
         "GTR_DATA_DIR": str(tmp_path / "data"),
         "GTR_MODEL_DIR": str(default_model_dir.parent),
     }
-    port = free_port()
+    port = free_ports(3)  # the API, then the env and policy services on port+1, port+2
     # Its own session: the whole process group (gtr up and every service) is stopped at the end.
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--port", str(port)],
