@@ -270,7 +270,7 @@ def free_ports(n: int = 1) -> int:
 
     Drawn at random below the kernel's ephemeral range: a port the kernel hands out for bind(0)
     is also what it gives the next outgoing connection, so with two pytest-xdist workers opening
-    connections and servers at once, a port found free that way is often taken again before the
+    connections and servers at once, a port found free that way can be taken again before the
     server binds it; below the range only another draw can take it."""
     low, rng = _ephemeral_low(), random.SystemRandom()
     if low > 10_000 + n:
