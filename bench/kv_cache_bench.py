@@ -7,6 +7,7 @@ alternated in one process, batch 1 and 16 (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -20,8 +21,6 @@ import numpy as np
 @click.option("--size", default="10m", show_default=True, type=click.Choice(["1m", "10m", "50m"]))
 @click.option("--new-tokens", default=64, show_default=True)
 def main(rounds: int, size: str, new_tokens: int) -> None:
-    import os
-
     from services.policy.service import Policy
     from services.policy.tiny import build_tiny
 
