@@ -11,6 +11,10 @@ Each round also times the decode step's matrix products alone (`linears_step`): 
 the language model, LoRA's included, and the LM head, once each in model order on one new token
 per row, as a decode step runs them. Batch 16 ÷ batch 1 of that is the most batching can buy
 on this machine for this model before attention, cache growth and per-step overhead are counted.
+
+And the prefill (`prefill`: the prompt's one forward, image tower included), whose work is
+batch × prompt tokens, so batching buys it little: its milliseconds at batch 1 and 16, and its
+share of the batch-16 generation of the same round.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import numpy as np
 BATCHES = (1, 4, 16)
 
 
-def _rate(fn: Callable[[], int]) -> float:
-    """Generated tokens/s of one call of `fn` (which returns the tokens it made)."""
+def _timed(fn: Callable[[], int]) -> tuple[int, float]:
+    """(tokens made, seconds) of one call of `fn` (which returns the tokens it made)."""
     t0 = time.perf_counter()
     tokens = fn()
-    return tokens / (time.perf_counter() - t0)
+    return tokens, time.perf_counter() - t0
 
 
 def linears_step(policy: object, batch: int) -> float:
@@ -54,6 +58,17 @@ def linears_step(policy: object, batch: int) -> float:
         t0 = time.perf_counter()
         for m, x in zip(layers, inputs, strict=True):
             m(x)
+        return time.perf_counter() - t0
+
+
+def prefill(policy: object, images: list[np.ndarray], prompts: list[str]) -> float:
+    """Seconds of the prompt's forward pass (what `generate` runs before its first token)."""
+    import torch
+
+    with torch.no_grad():
+        inputs = policy._inputs(images, prompts)  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        policy.model(**inputs, use_cache=True, logits_to_keep=1)  # type: ignore[attr-defined]
         return time.perf_counter() - t0
 
 
@@ -120,15 +135,23 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
             fn()  # warm-up
         rates: dict[tuple[int, str], list[float]] = {key: [] for key in modes}
         ceiling: list[float] = []  # batch-16 ÷ batch-1 token rate of the linears alone, per round
+        prefills: list[tuple[float, float, float]] = []  # batch 1, batch 16, share of a generation
         top = max(BATCHES)
         for _ in range(repeats):
+            seconds = {}
             for key, fn in modes.items():
-                rates[key].append(_rate(fn))
+                tokens, seconds[key] = _timed(fn)
+                rates[key].append(tokens / seconds[key])
             one, many = (
                 statistics.median(linears_step(policy, b) for _ in range(new_tokens))
                 for b in (1, top)
             )
             ceiling.append(top * one / many)
+            p1, p16 = (
+                statistics.median(prefill(policy, frames[:b], [prompt] * b) for _ in range(5))
+                for b in (1, top)
+            )
+            prefills.append((p1, p16, p16 / seconds[top, "local"]))
         stats = client.stats()
         stop()
     threads = torch.get_num_threads()
@@ -158,6 +181,10 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
         f"batch {top} ÷ batch 1, the decode step's matrix products alone, by round: "
         + ", ".join(f"{c:.1f}" for c in ceiling)
         + f" (median {statistics.median(ceiling):.1f}×)"
+    )
+    click.echo(
+        f"prefill ms at batch 1 / batch {top} (share of the batch-{top} generation), by round: "
+        + ", ".join(f"{1e3 * a:.0f} / {1e3 * b:.0f} ({c:.0%})" for a, b, c in prefills)
     )
     click.echo(
         f"service counters: {stats['batches']} model calls for {stats['requests']} requests, "
