@@ -207,8 +207,10 @@ def test_warm_start_phase_then_cancel_pending_then_cancelled(  # type: ignore[no
 def test_long_thought_step_page_is_fast(base_url: str, real_run: RealRun) -> None:
     """A 25k-character thought beside a 20k-character corrected one: the capped diff answers
     at once (it used to take minutes, and hang the server's shutdown)."""
-    from services.controller.recorder import add_step
-    from shared.db.models import Correction
+    from services.api.service import create_run
+    from services.controller.recorder import add_step, open_episode
+    from shared.db.models import Correction, Run
+    from shared.schemas import RunConfig
     from shared.storage import blob_store
 
     words = "the current number is three and the target is five so I go up".split()
@@ -216,21 +218,25 @@ def test_long_thought_step_page_is_fast(base_url: str, real_run: RealRun) -> Non
     corrected = " ".join(words[(i * 7) % len(words)] + str(i % 89) for i in range(4000))[:20_000]
     with session_scope() as s:
         first = s.get(Step, real_run.corrected_step_ids[0])
-        assert first is not None
+        real = s.get(Run, real_run.run_id)
+        assert first is not None and real is not None
+        # A run of its own (same team, same config): the shared run's corrected steps are
+        # counted by other tests, which must not see this one.
+        run = create_run(s, RunConfig.model_validate(real.config), real.team)
+        episode = open_episode(s, run.id, env_index=0, seq=0, update_idx=0)
         step = add_step(
-            s, blob_store(), run_id=first.run_id, episode_id=first.episode_id, idx=1000,
-            update_idx=first.update_idx, rollout_pos=1000, prompt=first.prompt, output=thought,
-            thought=thought, action_text="+", parsed_action="+", format_valid=True,
-            action_valid=True, reward=0.0, done=False, value=0.0, logprob=-1.0,
-            state=first.state,
+            s, blob_store(), run_id=run.id, episode_id=episode.episode_id, idx=0, update_idx=0,
+            rollout_pos=0, prompt=first.prompt, output=thought, thought=thought,
+            action_text="+", parsed_action="+", format_valid=True, action_valid=True,
+            reward=0.0, done=False, value=0.0, logprob=-1.0, state=first.state,
         )  # fmt: skip
         s.flush()
-        s.add(Correction(step_id=step.id, run_id=step.run_id, update_idx=step.update_idx,
-                         corrector="long-text", status="done", verdict="incorrect",
+        s.add(Correction(step_id=step.id, run_id=run.id, update_idx=0, corrector="long-text",
+                         status="done", verdict="incorrect",
                          corrected_thought=corrected))  # fmt: skip
-        step_id = step.id
+        step_id, run_id = step.id, run.id
     cookies = {"gtr_token": real_run.read_token}
-    url = f"{base_url}/runs/{real_run.run_id}/steps/{step_id}"
+    url = f"{base_url}/runs/{run_id}/steps/{step_id}"
     # The old diff never finished on this text: an answer at all (within the client's
     # timeout) is the behaviour; bench/ui_bench.py measures the speed (docs/benchmarks.md).
     response = httpx.get(url, cookies=cookies, timeout=30)
