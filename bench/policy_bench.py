@@ -3,9 +3,11 @@
     .venv/bin/python bench/policy_bench.py [--size 10m] [--arch llava] [--new-tokens 64]
 
 Service modes: one request holding the whole batch ("1 req"), and B concurrent 1-sample requests
-gathered by dynamic batching ("B reqs"). ``--repeats`` interleaved rounds, each timing every batch
-size in every mode once; a ratio is the median of its per-round ratios. Prints a markdown table
-for docs/benchmarks.md.
+gathered by dynamic batching ("B reqs"). ``--server thread`` serves the bench's own policy from a
+thread of this process (the client's threads then share the server's interpreter);
+``--server process`` starts ``gtr policy serve`` on the same model folder, as it is deployed.
+``--repeats`` interleaved rounds, each timing every batch size in every mode once; a ratio is
+the median of its per-round ratios. Prints a markdown table for docs/benchmarks.md.
 
 Each round also times the decode step's matrix products alone (`linears_step`): every Linear of
 the language model, LoRA's included, and the LM head, once each in model order on one new token
@@ -22,6 +24,8 @@ from __future__ import annotations
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -93,12 +97,53 @@ def _serve(policy: object) -> tuple[str, Callable[[], None]]:
     return f"http://127.0.0.1:{port}", stop
 
 
+def _serve_process(model_dir: str) -> tuple[str, Callable[[], None]]:
+    """`gtr policy serve` on `model_dir` in a child process (one torch thread, as the bench)."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "services.cli", "policy", "serve", "--model", model_dir]
+    cmd += ["--lora-r", "16", "--port", str(port), "--device", "cpu"]
+    env = os.environ | {"GTR_TORCH_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            raise SystemExit(f"gtr policy serve exited ({proc.returncode}): {err}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("gtr policy serve did not answer /healthz within 120 s")
+        time.sleep(0.2)
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait(10)
+
+    return url, stop
+
+
 @click.command()
 @click.option("--arch", default="llava", show_default=True)
 @click.option("--size", default="10m", show_default=True)
 @click.option("--new-tokens", default=64, show_default=True)
 @click.option("--repeats", default=3, show_default=True, help="interleaved rounds")
-def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
+@click.option(
+    "--server",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="the service in a thread of the bench, or `gtr policy serve` in its own process",
+)
+def main(arch: str, size: str, new_tokens: int, repeats: int, server: str) -> None:
     import torch
 
     from services.policy.client import PolicyClient
@@ -106,12 +151,13 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
     from services.policy.tiny import build_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
-        policy = Policy.load(build_tiny(tmp, arch, size), lora_r=16)  # type: ignore[arg-type]
+        model_dir = build_tiny(tmp, arch, size)  # type: ignore[arg-type]
+        policy = Policy.load(model_dir, lora_r=16)
         rng = np.random.default_rng(0)
         frames = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(max(BATCHES))]
         prompt = "You are playing number line. Move the current number toward the target."
         kw = {"max_new_tokens": new_tokens, "temperature": 1.0}
-        url, stop = _serve(policy)
+        url, stop = _serve(policy) if server == "thread" else _serve_process(str(model_dir))
         client = PolicyClient(url)
         # One call per (batch, mode) in each round, rounds interleaved: the machine's load drifts
         # over minutes, and a ratio of two figures taken seconds apart in one round is what holds.
@@ -157,7 +203,7 @@ def main(arch: str, size: str, new_tokens: int, repeats: int) -> None:
     threads = torch.get_num_threads()
     click.echo(
         f"tiny {arch} {size}, {new_tokens} new tokens, {threads} torch threads, "
-        f"median of {repeats} interleaved rounds"
+        f"median of {repeats} interleaved rounds, service in a {server}"
     )
     click.echo(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
     click.echo("| batch | in-process tok/s | service, 1 req tok/s | service, B reqs tok/s |")
