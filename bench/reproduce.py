@@ -1032,7 +1032,13 @@ def main() -> None:
         help="restrict a task's seeds, e.g. numberline=0+1 (state cuts in the report)",
     )
     ap.add_argument("--updates", type=int, help="override train.num_updates (pilots)")
-    ap.add_argument("--jobs", type=int, default=2, help="processes at once (1 torch thread each)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="training processes at once in --out, 1 torch thread each; runs another driver has"
+        " going there count too (two drivers of --jobs 2 share 2 slots)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "repro")
     ap.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
     ap.add_argument("--variant", default="", help="a section of configs/repro/variants.toml")
