@@ -76,14 +76,18 @@ def prefill(policy: object, images: list[np.ndarray], prompts: list[str]) -> flo
         return time.perf_counter() - t0
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _serve(policy: object) -> tuple[str, Callable[[], None]]:
     import uvicorn
 
     from services.policy.app import create_app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(policy), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -101,18 +105,19 @@ def _serve_process(model_dir: str) -> tuple[str, Callable[[], None]]:
     """`gtr policy serve` on `model_dir` in a child process (one torch thread, as the bench)."""
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     cmd = [sys.executable, "-m", "services.cli", "policy", "serve", "--model", model_dir]
     cmd += ["--lora-r", "16", "--port", str(port), "--device", "cpu"]
     env = os.environ | {"GTR_TORCH_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its log goes to a file, not a pipe: a pipe nobody reads fills up and stalls the server.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            log.seek(0)
+            err = log.read().decode(errors="replace")[-2000:]
             raise SystemExit(f"gtr policy serve exited ({proc.returncode}): {err}")
         try:
             if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
@@ -127,6 +132,7 @@ def _serve_process(model_dir: str) -> tuple[str, Callable[[], None]]:
     def stop() -> None:
         proc.terminate()
         proc.wait(10)
+        log.close()
 
     return url, stop
 
