@@ -632,6 +632,8 @@ def summarise(values: list[float], how: str) -> float:
         return max(finite[1:] or finite)
     if how == "best":
         return max(finite)
+    if how == "first":
+        return finite[0]
     if how == "late":  # a 64-deal evaluation moves by ±0.1: the mean of the run's second half
         late = [v for v in values[len(values) // 2 :] if not math.isnan(v)]
         return sum(late) / len(late) if late else math.nan
@@ -816,7 +818,49 @@ def conclusion_md(
             f"gtr {share['gtr']:.2f} / rl4vlm {share['rl4vlm']:.2f}, relevance gtr "
             f"{rel['gtr']:.2f} / rl4vlm {rel['rl4vlm']:.2f}: {collapse}."
         )
+    for group in groups(rows):
+        drift = thought_drift(rows, group, max_share, min_relevance)
+        at = next((j for j, line in enumerate(out) if line.startswith(f"- **{group}**")), None)
+        if drift and at is not None:
+            out[at] += " " + drift
     return "\n".join(out)
+
+
+def thought_drift(
+    rows: list[dict[str, Any]], group: str, max_share: float, min_relevance: float
+) -> str:
+    """Every arm's probe relevance at its first and last update (means over seeds), on how many
+    seeds it fell by more than a 64-state probe's noise (0.1), and which arms ended collapsed by
+    the test above: the thought half of the claim for the new arms too, and a drift that has not
+    reached collapse yet (RL4VLM's on Points24) shown as a number, not hidden by a yes/no."""
+    present = list(dict.fromkeys(r["arm"] for r in rows if r["group"] == group))
+    arms = [a for a in ORDER if a in present] + [a for a in present if a not in ORDER]
+    parts, fell_all = [], []
+    for arm in arms:
+        first = final_per_seed(rows, group, arm, "probe_relevance", "first")
+        last = final_per_seed(rows, group, arm, "probe_relevance")
+        seeds = [s for s in last if not math.isnan(last[s]) and not math.isnan(first[s])]
+        if not seeds:
+            continue
+        fell = sum(last[s] < first[s] - 0.1 for s in seeds)
+        share = _mean(list(final_per_seed(rows, group, arm, "probe_top_thought_share").values()))
+        end = _mean([last[s] for s in seeds])
+        gone = end < min_relevance or (not math.isnan(share) and share > max_share)
+        parts.append(
+            f"{arm} {_mean([first[s] for s in seeds]):.2f} → {end:.2f}"
+            f" (fell on {fell} of {len(seeds)}{'; collapsed' if gone else ''})"
+        )
+        if fell == len(seeds):
+            fell_all.append(arm)
+    if not parts:
+        return ""
+    every = f" Fell on every seed: {', '.join(fell_all)}." if fell_all else ""
+    return (
+        "Probe relevance, first → last update (mean over seeds; fell = by more than 0.1): "
+        + "; ".join(parts)
+        + "."
+        + every
+    )
 
 
 def png_name(group: str) -> str:

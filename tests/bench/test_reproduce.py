@@ -371,3 +371,35 @@ def test_every_variant_makes_a_valid_config_for_every_arm(tmp_path: Path) -> Non
                 RunConfig.model_validate(tomllib.loads(rp.to_toml(cfg)))
     cfg = rp.run_config("ezpoints", "gtr", 0, tmp_path, None, "clip_per_loss")
     assert cfg["train"]["clip_per_loss"] is True
+
+
+def test_the_conclusion_gives_every_arms_thought_drift_not_only_collapsed_or_not() -> None:
+    """A fall in probe relevance that has not crossed the collapse line (0.3) is still reported,
+    per arm, with the seeds it fell on; an arm that did cross it is named collapsed."""
+    rp = _reproduce()
+    relevance = {  # arm -> per seed (first update, last update)
+        "gtr": [(0.8, 0.9), (0.8, 0.85)],
+        "sft_only": [(0.8, 0.8), (0.8, 0.8)],
+        "rl4vlm": [(0.8, 0.5), (0.8, 0.75)],
+        "grpo": [(0.9, 0.1), (0.9, 0.2)],
+    }
+    rows = [
+        {
+            "group": "g",
+            "arm": arm,
+            "seed": seed,
+            "update": update,
+            JUDGE: 0.1,
+            "probe_relevance": rel,
+            "probe_top_thought_share": 0.1,
+        }
+        for arm, seeds in relevance.items()
+        for seed, pair in enumerate(seeds)
+        for update, rel in enumerate(pair)
+    ]
+    text = rp.conclusion_md(rows)
+    assert "no collapse contrast: neither collapsed" in text  # RL4VLM ends at 0.62 > 0.3
+    assert "gtr 0.80 → 0.88 (fell on 0 of 2)" in text
+    assert "rl4vlm 0.80 → 0.62 (fell on 1 of 2)" in text  # 0.8 -> 0.75 is inside the noise
+    assert "grpo 0.90 → 0.15 (fell on 2 of 2; collapsed)" in text
+    assert text.endswith("Fell on every seed: grpo.")
