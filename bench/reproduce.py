@@ -986,6 +986,61 @@ def samples_md(rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
     return out
 
 
+# What a run's algorithm sees: the sections compared with the paper's settings, and of [model]
+# only the fields that are a fidelity choice (the model itself is 1M parameters against 7B).
+COMPARED = ("env", "generation", "train", "corrector")
+MODEL_FIELDS = ("finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "value_head")
+
+
+def settings_md(tasks: list[str]) -> list[str]:
+    """Per task with a GPU preset (configs/repro/gpu/TASK.toml: the paper's settings), every
+    setting where the tiny study's config differs from it, both validated with every default
+    filled in (so a default that departs from the paper shows too): which fidelity switches the
+    study uses and which it does not, read from the configs the runs were made from."""
+    if str(ROOT) not in sys.path:  # run as a script, sys.path[0] is bench/
+        sys.path.insert(0, str(ROOT))
+    from shared.schemas import RunConfig  # pydantic only: the report needs no torch
+
+    out: list[str] = []
+    for task in tasks:
+        tiny_path, gpu_path = CONFIGS / f"{task}.toml", CONFIGS / "gpu" / f"{task}.toml"
+        if not (tiny_path.exists() and gpu_path.exists()):
+            continue
+        dumps = []
+        for path in (tiny_path, gpu_path):
+            with open(path, "rb") as f:
+                dumps.append(RunConfig.model_validate(tomllib.load(f)).model_dump(mode="json"))
+        tiny, gpu = dumps
+        shown = lambda v: _cell(v if isinstance(v, str) else json.dumps(v))  # noqa: E731
+        rows = []
+        for section in ("model", *COMPARED):
+            for field, value in tiny[section].items():
+                if section == "model" and field not in MODEL_FIELDS:
+                    continue
+                if field.startswith("lora_") and tiny["model"]["finetune"] == "full":
+                    continue  # no adapter is trained: its settings are not in play
+                if value != gpu[section].get(field):
+                    rows.append(
+                        f"| `{section}.{field}` | {shown(value)} | "
+                        f"{shown(gpu[section].get(field))} |"
+                    )
+        if not out:
+            out += [
+                "### The study's settings against the paper's",
+                "",
+                "Every setting of the study's `configs/repro/TASK.toml` (as committed; the `gtr` "
+                "arm) that differs from the paper's, `configs/repro/gpu/TASK.toml`; what each "
+                "switch means and the reference's value: `docs/fidelity.md` (why the tiny "
+                "presets depart: its last section). The arms change the same keys on both "
+                "(`configs/repro/arms.toml`).",
+                "",
+            ]
+        out += [f"**{task}**", "", "| setting | this study | the paper's |", "|---|---|---|"]
+        out += rows or ["| (none) | | |"]
+        out.append("")
+    return out
+
+
 def _state_text(state: dict[str, Any]) -> str:
     """The part of a card task's state a reader checks a thought against."""
     keys = [k for k in ("cards", "numbers", "target") if k in state]
@@ -1022,6 +1077,7 @@ def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, An
     for group in groups(rows):
         parts += [f"![{group} curves](results/{png_name(group)})", ""]
     parts += samples_md(rows, arms)
+    parts += settings_md(sorted({r["task"] for r in rows}))
     commands = ["```bash", *meta["commands"], "```", ""] if meta["commands"] else []
     parts += [
         "### How this table was made",
