@@ -818,11 +818,10 @@ def conclusion_md(
             f"gtr {share['gtr']:.2f} / rl4vlm {share['rl4vlm']:.2f}, relevance gtr "
             f"{rel['gtr']:.2f} / rl4vlm {rel['rl4vlm']:.2f}: {collapse}."
         )
-    for group in groups(rows):
+    for j, group in enumerate(groups(rows)):  # the loop above wrote one line per group
         drift = thought_drift(rows, group, max_share, min_relevance)
-        at = next((j for j, line in enumerate(out) if line.startswith(f"- **{group}**")), None)
-        if drift and at is not None:
-            out[at] += " " + drift
+        if drift:
+            out[j] += " " + drift
     return "\n".join(out)
 
 
@@ -1011,7 +1010,6 @@ def settings_md(tasks: list[str]) -> list[str]:
             with open(path, "rb") as f:
                 dumps.append(RunConfig.model_validate(tomllib.load(f)).model_dump(mode="json"))
         tiny, gpu = dumps
-        shown = lambda v: _cell(v if isinstance(v, str) else json.dumps(v))  # noqa: E731
         rows = []
         for section in ("model", *COMPARED):
             for field, value in tiny[section].items():
@@ -1021,8 +1019,8 @@ def settings_md(tasks: list[str]) -> list[str]:
                     continue  # no adapter is trained: its settings are not in play
                 if value != gpu[section].get(field):
                     rows.append(
-                        f"| `{section}.{field}` | {shown(value)} | "
-                        f"{shown(gpu[section].get(field))} |"
+                        f"| `{section}.{field}` | {_setting(value)} | "
+                        f"{_setting(gpu[section].get(field))} |"
                     )
         if not out:
             out += [
@@ -1039,6 +1037,11 @@ def settings_md(tasks: list[str]) -> list[str]:
         out += rows or ["| (none) | | |"]
         out.append("")
     return out
+
+
+def _setting(value: Any) -> str:
+    """A config value as a table cell: a string as it is, anything else as TOML-ish JSON."""
+    return _cell(value if isinstance(value, str) else json.dumps(value))
 
 
 def _state_text(state: dict[str, Any]) -> str:

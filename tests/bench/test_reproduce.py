@@ -405,9 +405,7 @@ def test_the_conclusion_gives_every_arms_thought_drift_not_only_collapsed_or_not
     assert text.endswith("Fell on every seed: grpo.")
 
 
-def test_the_page_lists_every_setting_where_the_study_departs_from_the_papers(
-    tmp_path: Path,
-) -> None:
+def test_the_page_lists_every_setting_where_the_study_departs_from_the_papers() -> None:
     """Which fidelity switches the study uses: each key both TOML files set to different values
     has its row, and a key left at a default that differs from the paper's shows too."""
     import tomllib
