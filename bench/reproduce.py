@@ -1174,6 +1174,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.report_only and args.collect_only:
         sys.exit("--report-only and --collect-only exclude each other")
+    if args.report_only and not (args.results / "updates.csv").is_file():
+        # A mistyped --results would otherwise rebuild the page beside it from no rows at all.
+        sys.exit(f"--report-only: no {args.results / 'updates.csv'} to rebuild the page from")
     tasks, arms = args.tasks.split(","), args.arms.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     task_seeds = {

@@ -426,3 +426,21 @@ def test_the_page_lists_every_setting_where_the_study_departs_from_the_papers() 
     only_gpu = [k for k in gpu.keys() - tiny.keys() if k in ("format_reward", "dagger")]
     for key in only_gpu:
         assert f"| `train.{key}` |" in page, key
+
+
+def test_report_only_without_a_csv_says_so_and_writes_no_page(tmp_path: Path) -> None:
+    """A mistyped --results must not replace the page beside it with an empty study."""
+    page = tmp_path / "results.md"
+    page.write_text("the page as it was\n")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--report-only"]
+        + ["--results", str(tmp_path / "reslts")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "no " in out.stderr and "updates.csv to rebuild the page from" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert page.read_text() == "the page as it was\n"
+    assert not (tmp_path / "reslts").exists()
