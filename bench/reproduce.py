@@ -1210,9 +1210,16 @@ def main() -> None:
     kept = read_csv(args.results / "updates.csv")
     rows = kept if args.report_only else merge(kept, collect(out, tasks, arms, seeds))
     arms = [*arms, *sorted({r["arm"] for r in rows} - set(arms))]
-    budget = {t: run_config(t, arms[0], 0, out, args.updates)["train"] for t in tasks}
+    # The page shows every task in the CSV, not only this invocation's: a study run task by task
+    # (or --report-only with the default --tasks) must not relabel what the page holds.
+    shown = sorted({r["task"] for r in rows}) or tasks
+    budget = {
+        t: run_config(t, arms[0], 0, out, args.updates)["train"]
+        for t in shown
+        if (STUDY["configs"] / f"{t}.toml").is_file()  # a task this study has no config for
+    }
     meta = previous_meta(args.results)
-    meta |= {"tasks": tasks, "arms": arms, "seeds": seeds}
+    meta |= {"tasks": shown, "arms": arms, "seeds": seeds}
     if ran:
         cmd = " ".join([".venv/bin/python", "bench/reproduce.py", *sys.argv[1:]])
         meta["commands"] = [*[c for c in meta.get("commands", []) if c != cmd], cmd]

@@ -97,6 +97,10 @@ def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_pa
     assert (results / "ezpoints.png").stat().st_size > 0
     page = (tmp_path / "results.md").read_text()
     assert "hand-written text stays" in page and "tail stays" in page
+    # The default --tasks name numberline too; the page's budget and meta are the CSV's tasks.
+    meta = json.loads((results / "meta.json").read_text())
+    assert meta["tasks"] == ["ezpoints", "points24"]
+    assert "points24:" in meta["budget"] and "numberline" not in meta["budget"]
     # The ordering holds on ezpoints, with RL4VLM's probe collapsed and GTR's not ...
     assert "gtr 0.80, sft_only 0.50, rl4vlm 0.20: the paper's ordering holds" in page
     assert "gtr beat sft_only on 3 of 3 seeds" in page
