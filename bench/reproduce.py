@@ -284,15 +284,30 @@ def arm_changes(arm: str) -> dict[str, Any]:
     return {k: v for k, v in table[arm].items() if k != "description"}
 
 
+# Keys of a variant that describe it rather than change the run config.
+VARIANT_META = ("description", "unchanged")
+
+
+def variants() -> dict[str, dict[str, Any]]:
+    with open(CONFIGS / "variants.toml", "rb") as f:
+        return tomllib.load(f)
+
+
 def variant_changes(variant: str) -> dict[str, Any]:
     """The dotted-key changes of a variant in configs/repro/variants.toml ({} for none)."""
     if not variant:
         return {}
-    with open(CONFIGS / "variants.toml", "rb") as f:
-        table = tomllib.load(f)
+    table = variants()
     if variant not in table:
         sys.exit(f"no variant {variant!r} in {CONFIGS / 'variants.toml'}")
-    return {k: v for k, v in table[variant].items() if k != "description"}
+    return {k: v for k, v in table[variant].items() if k not in VARIANT_META}
+
+
+def unchanged_arms(variant: str) -> list[str]:
+    """The arms a variant leaves as they are (its ``unchanged`` list: e.g. a split of the PPO and
+    SFT gradients on an arm that has only one of them): not run under it, their base runs stand
+    in. A variant no longer in variants.toml (an old CSV's) has none."""
+    return list(variants().get(variant, {}).get("unchanged", [])) if variant else []
 
 
 def plan_items(
@@ -347,6 +362,9 @@ def train_jobs(
         for arm in arms:
             name = run_name(task, arm, seed, variant)
             run_dir = out / "runs" / name
+            if arm in unchanged_arms(variant):
+                print(f"skip  {name}: {variant} leaves {arm} as it is; its base run stands in")
+                continue
             if name in done and run_status(run_dir) != "completed":
                 print(f"skip  {name}: its updates are in the results CSV", flush=True)
                 continue
@@ -606,6 +624,34 @@ def groups(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(r["group"] for r in rows))
 
 
+def with_base_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows the page shows: a variant's group also holds the base group's runs (same task
+    and warm start) of the arms the variant leaves unchanged, marked ``stands_in``, so that its
+    changed arms are judged and paired against them on the same seeds. The CSV keeps only the
+    rows of runs that ran."""
+    out = list(rows)
+    have = {(r["group"], r["arm"]) for r in rows}
+    for group in groups(rows):
+        first = next(r for r in rows if r["group"] == group)
+        if not first.get("warm_start"):  # an early group: which start its base runs had is lost
+            continue
+        base = group_name(first["task"], "", first.get("warm_start", ""))
+        for arm in unchanged_arms(first.get("variant", "")):
+            if (group, arm) not in have:
+                out += [
+                    r | {"group": group, "variant": first["variant"], "stands_in": base}
+                    for r in rows
+                    if r["group"] == base and r["arm"] == arm
+                ]
+    return out
+
+
+def stand_ins(rows: list[dict[str, Any]], group: str) -> list[str]:
+    """The arms of a group shown from its base group (with_base_runs)."""
+    arms = {r["arm"] for r in rows if r["group"] == group and r.get("stands_in")}
+    return [a for a in ORDER if a in arms] + sorted(arms - set(ORDER))
+
+
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     keys = ["group", "task", "variant", "arm", "seed", "update", "env_steps", "created_at"]
     extra = sorted({k for r in rows for k in r} - set(keys))
@@ -676,7 +722,8 @@ def table_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
             cells = [
                 mean_sd([summarise(per_seed[k][s], how) for s in seeds]) for k, _, how in TABLE
             ]
-            lines.append(f"| {group} | {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
+            label = f"{arm} (base run)" if arm in stand_ins(rows, group) else arm
+            lines.append(f"| {group} | {label} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -822,6 +869,12 @@ def conclusion_md(
         drift = thought_drift(rows, group, max_share, min_relevance)
         if drift:
             out[j] += " " + drift
+        if same := stand_ins(rows, group):
+            variant = next(r["variant"] for r in rows if r["group"] == group)
+            out[j] += (
+                f" {', '.join(same)}: the base group's runs, which {variant} leaves as they are"
+                " (`unchanged` in configs/repro/variants.toml)."
+            )
     return "\n".join(out)
 
 
@@ -955,7 +1008,7 @@ def machine() -> str:
 def samples_md(rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
     """Per group, each run's final greedy output on the first held-out deal (one deal for every
     run, so the arms read side by side) and how many of the kept deals its thought read right."""
-    found = [r for r in rows if r.get("greedy_samples")]
+    found = [r for r in rows if r.get("greedy_samples") and not r.get("stands_in")]
     if not found:
         return []
     out = [
@@ -1060,6 +1113,8 @@ def _cell(text: str) -> str:
 
 
 def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, Any]) -> str:
+    ran = len(rows)
+    rows = with_base_runs(rows)
     parts = [
         BEGIN,
         "",
@@ -1095,8 +1150,7 @@ def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, An
             for w in meta.get("walls", [])
         ],
         *([f"- Wall time: {meta['wall_note']}"] if meta.get("wall_note") else []),
-        f"- Raw data: `docs/results/updates.csv` ({len(rows)} update rows), "
-        f"`docs/results/meta.json`",
+        f"- Raw data: `docs/results/updates.csv` ({ran} update rows), `docs/results/meta.json`",
         "",
         END,
     ]
@@ -1114,8 +1168,9 @@ def write_report(
     results.mkdir(parents=True, exist_ok=True)
     write_csv(rows, results / "updates.csv")
     (results / "meta.json").write_text(json.dumps(meta, indent=2))
-    for group in groups(rows):
-        plot(rows, group, arms, results / png_name(group))
+    shown = with_base_runs(rows)
+    for group in groups(shown):
+        plot(shown, group, arms, results / png_name(group))
     md_path = results.parent / "results.md"
     text = md_path.read_text() if md_path.exists() else f"# Results\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)

@@ -448,3 +448,53 @@ def test_report_only_without_a_csv_says_so_and_writes_no_page(tmp_path: Path) ->
     assert "Traceback" not in out.stderr
     assert page.read_text() == "the page as it was\n"
     assert not (tmp_path / "reslts").exists()
+
+
+def test_a_variant_group_is_judged_against_the_base_runs_of_the_arms_it_leaves_unchanged(
+    tmp_path: Path,
+) -> None:
+    """clip_per_loss changes only GTR (sft_only and rl4vlm have one gradient each): the study
+    runs only gtr under it, and the page pairs that with the base group's sft_only and rl4vlm."""
+    rp = _reproduce()
+    base, variant = "points24 (warm abc)", "points24 [clip_per_loss] (warm abc)"
+    finals = {
+        (base, "gtr"): [0.0, 0.1],
+        (base, "sft_only"): [0.3, 0.2],
+        (base, "rl4vlm"): [0.1, 0.0],
+        (variant, "gtr"): [0.5, 0.4],
+    }
+    rows = [
+        {
+            "group": group,
+            "task": "points24",
+            "variant": "clip_per_loss" if group == variant else "",
+            "warm_start": "abc",
+            "arm": arm,
+            "seed": seed,
+            "update": update,
+            JUDGE: final if update else 0.05,
+            "success_rate": 0.01,
+            "probe_relevance": 0.8,
+            "probe_top_thought_share": 0.1,
+        }
+        for (group, arm), values in finals.items()
+        for seed, final in enumerate(values)
+        for update in (0, 1)
+    ]
+    # An early group without a warm-start hash borrows nothing: its base runs' start is unknown.
+    rows += [r | {"group": "old [clip_per_loss]", "warm_start": ""} for r in rows[-4:]]
+    page = rp.generated_md(
+        rows, ["gtr", "sft_only", "rl4vlm"], {"commands": [], "machine": "m"} | {"budget": "b"}
+    )
+    line = next(x for x in page.splitlines() if x.startswith(f"- **{variant}**"))
+    assert "gtr 0.45, sft_only 0.25, rl4vlm 0.05: the paper's ordering holds" in line
+    assert "sft_only, rl4vlm: the base group's runs, which clip_per_loss leaves as they are" in line
+    assert f"| {variant} | sft_only (base run) | 2 |" in page
+    assert f"| {variant} | gtr vs sft_only | 2 | 0.20 ± 0.00 | 2 / 0 / 0 |" in page
+    assert "- **old [clip_per_loss]**: not judged: no run of sft_only, rl4vlm" in page
+    assert f"({len(rows)} update rows)" in page  # the raw data is what ran, not the stand-ins
+    # The driver starts no run of an unchanged arm under the variant.
+    jobs = rp.train_jobs(
+        [("points24", 0, "clip_per_loss")], ["gtr", "sft_only", "rl4vlm"], tmp_path, 2
+    )
+    assert [j.name for j in jobs] == ["points24-gtr-s0-clip_per_loss"]

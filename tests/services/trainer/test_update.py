@@ -178,6 +178,52 @@ def test_clip_per_loss_keeps_sft_learning_under_a_huge_ppo_gradient(tiny_dir: Pa
     assert apart < 0.5 * together
 
 
+def test_a_variant_leaves_the_arms_it_lists_as_unchanged_exactly_as_they_were(
+    tiny_dir: Path,
+) -> None:
+    """configs/repro/variants.toml's `unchanged`: the study runs no such arm under the variant
+    and shows its base run instead, so the variant's train settings must not move its weights."""
+    import tomllib
+
+    repro = Path(__file__).resolve().parents[3] / "configs" / "repro"
+    variants = tomllib.loads((repro / "variants.toml").read_text())
+    arms = tomllib.loads((repro / "arms.toml").read_text())
+    shas = [put_image((0, 0, 0)), put_image((255, 255, 255))]
+    texts = [output(TARGETS[0], "-"), output(TARGETS[1], "+")]
+
+    def weights(algorithm: str, changes: dict) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        policy = Policy.load(tiny_dir, finetune="full")
+        buffer = DaggerBuffer(run_id=0)
+        buffer.add(sft_examples(shas))
+        trainer = Trainer(policy, cfg(ppo_epochs=2, **changes), algorithm, seed=0)
+        rollout = rollout_of(policy, shas, ["go", "go"], texts, [300.0, -300.0], num_envs=2)
+        for _ in range(2):
+            trainer.update(rollout, buffer)
+        state = policy.base_model.state_dict() | {
+            f"value_head.{k}": v for k, v in policy.value_head.state_dict().items()
+        }
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    checked = 0
+    for name, variant in variants.items():
+        changes = {
+            k.removeprefix("train."): v for k, v in variant.items() if k.startswith("train.")
+        }
+        for arm in variant.get("unchanged", []):
+            assert set(variant) - {"description", "unchanged"} == {f"train.{k}" for k in changes}
+            algorithm = arms[arm].get("algorithm", "gtr")
+            before, after = weights(algorithm, {}), weights(algorithm, changes)
+            for key in before:
+                assert torch.equal(before[key], after[key]), (name, arm, key)
+            checked += 1
+    assert checked >= 2  # clip_per_loss on sft_only and rl4vlm at least
+    # The comparison can fail: the same variant does move GTR, which has both gradients.
+    clip = {"clip_per_loss": True}
+    gtr_before, gtr_after = weights("gtr", {}), weights("gtr", clip)
+    assert any(not torch.equal(gtr_before[k], gtr_after[k]) for k in gtr_before)
+
+
 def test_value_head_has_its_own_learning_rate(tiny_dir: Path) -> None:
     policy = Policy.load(tiny_dir, finetune="lora")
     trainer = Trainer(policy, cfg(lr=1e-4, value_lr=1e-2), "rl4vlm", seed=0)
