@@ -815,7 +815,7 @@ def conclusion_md(
         extra = sorted({s for f in finals.values() for s in f} - shared)
         wins = []
         for a, b in zip(ORDER, ORDER[1:], strict=False):
-            common = finals[a].keys() & finals[b].keys()
+            common = shared  # the seeds the means above are over, so both cite one n
             wins.append(
                 f"{a} beat {b} on {sum(finals[a][s] > finals[b][s] for s in common)}"
                 f" of {len(common)} seeds"

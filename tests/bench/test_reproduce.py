@@ -120,7 +120,7 @@ def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_pa
         results / "updates.csv",
         {
             "g": (
-                {"gtr": [0.1, 0.9], "sft_only": [0.3], "rl4vlm": [0.2, 0.0]},
+                {"gtr": [0.1, 0.9], "sft_only": [0.3, 0.5], "rl4vlm": [0.2]},
                 {"gtr": 0.2, "sft_only": 0.2, "rl4vlm": 0.9},
             )
         },
@@ -131,6 +131,8 @@ def test_report_only_rebuilds_the_page_from_the_csv_and_concludes_from_it(tmp_pa
     assert "**g** (1 seed finished by every arm, preliminary" in page
     assert "seed 1 of some arms left out; final greedy success on them): gtr 0.10, " in page
     assert "sft_only 0.30, rl4vlm 0.20: the paper's ordering does **not** hold" in page
+    # The wins are counted on the same seeds as the means (not on all that gtr and sft_only share).
+    assert "(gtr beat sft_only on 0 of 1 seeds; sft_only beat rl4vlm on 1 of 1 seeds)" in page
 
 
 def _reproduce() -> Any:
