@@ -44,6 +44,7 @@ import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,7 @@ def arm_changes(arm: str) -> dict[str, Any]:
 VARIANT_META = ("description", "unchanged")
 
 
+@cache  # read once per process: the driver asks for every run it plans, the report per group
 def variants() -> dict[str, dict[str, Any]]:
     with open(CONFIGS / "variants.toml", "rb") as f:
         return tomllib.load(f)
@@ -635,7 +637,7 @@ def with_base_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first = next(r for r in rows if r["group"] == group)
         if not first.get("warm_start"):  # an early group: which start its base runs had is lost
             continue
-        base = group_name(first["task"], "", first.get("warm_start", ""))
+        base = group_name(first["task"], "", first["warm_start"])
         for arm in unchanged_arms(first.get("variant", "")):
             if (group, arm) not in have:
                 out += [
@@ -714,6 +716,7 @@ def table_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
             lines.append(
                 f"| {group} | {label} (greedy, 60 episodes) | – | " + " | ".join(cells) + " |"
             )
+        same = stand_ins(rows, group)
         for arm in arms:
             per_seed = {k: series(rows, group, arm, k) for k, _, _ in TABLE}
             seeds = sorted(per_seed["success_rate"])
@@ -722,7 +725,7 @@ def table_md(rows: list[dict[str, Any]], arms: list[str]) -> str:
             cells = [
                 mean_sd([summarise(per_seed[k][s], how) for s in seeds]) for k, _, how in TABLE
             ]
-            label = f"{arm} (base run)" if arm in stand_ins(rows, group) else arm
+            label = f"{arm} (base run)" if arm in same else arm
             lines.append(f"| {group} | {label} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -1113,8 +1116,8 @@ def _cell(text: str) -> str:
 
 
 def generated_md(rows: list[dict[str, Any]], arms: list[str], meta: dict[str, Any]) -> str:
-    ran = len(rows)
-    rows = with_base_runs(rows)
+    """The generated block, from the rows the page shows (``with_base_runs``)."""
+    ran = sum(not r.get("stands_in") for r in rows)  # the CSV's rows, not the stand-ins
     parts = [
         BEGIN,
         "",
@@ -1175,7 +1178,7 @@ def write_report(
     text = md_path.read_text() if md_path.exists() else f"# Results\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    md_path.write_text(head + generated_md(rows, arms, meta) + tail)
+    md_path.write_text(head + generated_md(shown, arms, meta) + tail)
     print(f"wrote {md_path}, {results}/updates.csv and the curves", flush=True)
 
 

@@ -485,9 +485,8 @@ def test_a_variant_group_is_judged_against_the_base_runs_of_the_arms_it_leaves_u
     ]
     # An early group without a warm-start hash borrows nothing: its base runs' start is unknown.
     rows += [r | {"group": "old [clip_per_loss]", "warm_start": ""} for r in rows[-4:]]
-    page = rp.generated_md(
-        rows, ["gtr", "sft_only", "rl4vlm"], {"commands": [], "machine": "m"} | {"budget": "b"}
-    )
+    meta = {"commands": [], "machine": "m", "budget": "b"}
+    page = rp.generated_md(rp.with_base_runs(rows), ["gtr", "sft_only", "rl4vlm"], meta)
     line = next(x for x in page.splitlines() if x.startswith(f"- **{variant}**"))
     assert "gtr 0.45, sft_only 0.25, rl4vlm 0.05: the paper's ordering holds" in line
     assert "sft_only, rl4vlm: the base group's runs, which clip_per_loss leaves as they are" in line
