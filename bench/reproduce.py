@@ -305,11 +305,20 @@ def variant_changes(variant: str) -> dict[str, Any]:
     return {k: v for k, v in table[variant].items() if k not in VARIANT_META}
 
 
-def unchanged_arms(variant: str) -> list[str]:
+@cache
+def unchanged_arms(variant: str) -> tuple[str, ...]:
     """The arms a variant leaves as they are (its ``unchanged`` list: e.g. a split of the PPO and
     SFT gradients on an arm that has only one of them): not run under it, their base runs stand
     in. A variant no longer in variants.toml (an old CSV's) has none."""
-    return list(variants().get(variant, {}).get("unchanged", [])) if variant else []
+    listed = variants().get(variant, {}).get("unchanged", []) if variant else []
+    with open(CONFIGS / "arms.toml", "rb") as f:
+        known = tomllib.load(f)
+    if not isinstance(listed, list) or not set(listed) <= set(known):
+        sys.exit(
+            f"{CONFIGS / 'variants.toml'} [{variant}]: unchanged = {listed!r} must list arms of "
+            f"{CONFIGS / 'arms.toml'} ({', '.join(known)})"
+        )
+    return tuple(listed)
 
 
 def plan_items(
@@ -1236,11 +1245,14 @@ def main() -> None:
         # A mistyped --results would otherwise rebuild the page beside it from no rows at all.
         sys.exit(f"--report-only: no {args.results / 'updates.csv'} to rebuild the page from")
     tasks, arms = args.tasks.split(","), args.arms.split(",")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    task_seeds = {
-        t: [int(x) for x in v.split("+")]
-        for t, _, v in (kv.partition("=") for kv in args.task_seeds.split(",") if kv)
-    }
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        task_seeds = {
+            t: [int(x) for x in v.split("+")]
+            for t, _, v in (kv.partition("=") for kv in args.task_seeds.split(",") if kv)
+        }
+    except ValueError:
+        sys.exit(f"--seeds {args.seeds!r} / --task-seeds {args.task_seeds!r}: seeds are integers")
     STUDY["configs"] = args.config_dir.resolve()
     STUDY["warm"] = args.warm_from.resolve() if args.warm_from else Path()
     for t in tasks:
@@ -1250,6 +1262,9 @@ def main() -> None:
             sys.exit(f"--warm-from: no folder {args.warm_from / t} (the start model for {t})")
     for a in arms:
         arm_changes(a)  # exits with the list of arms when one is unknown
+    for v in {args.variant, *(item.rpartition(":")[2] for item in args.plan.split(",") if item)}:
+        variant_changes(v)  # exit on an unknown variant (or a bad `unchanged`) before any run
+        unchanged_arms(v)
     out = args.out.resolve()
     models = out / "models"
     started, loads = time.monotonic(), [os.getloadavg()[0]]

@@ -499,3 +499,28 @@ def test_a_variant_group_is_judged_against_the_base_runs_of_the_arms_it_leaves_u
         [("points24", 0, "clip_per_loss")], ["gtr", "sft_only", "rl4vlm"], tmp_path, 2
     )
     assert [j.name for j in jobs] == ["points24-gtr-s0-clip_per_loss"]
+
+
+def test_bad_seeds_a_bad_variant_and_a_bad_unchanged_list_are_clear_errors(tmp_path: Path) -> None:
+    """Each stops the driver before any run starts, with a message and no traceback."""
+    script = str(ROOT / "bench" / "reproduce.py")
+    base = [sys.executable, script, "--tasks", "numberline", "--arms", "gtr"]
+    base += ["--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")]
+    for extra, message in (
+        (["--seeds", "0,one"], "seeds are integers"),
+        (["--seeds", "0", "--variant", "nope"], "no variant 'nope'"),
+    ):
+        out = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and message in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+        assert not (tmp_path / "out").exists()  # nothing started: no warm start, no run folder
+    rp = _reproduce()
+    (tmp_path / "variants.toml").write_text('[v]\n"train.lr" = 1e-3\nunchanged = "rl4vlm"\n')
+    (tmp_path / "arms.toml").write_text((ROOT / "configs" / "repro" / "arms.toml").read_text())
+    rp.CONFIGS = tmp_path
+    try:
+        rp.unchanged_arms("v")
+    except SystemExit as e:
+        assert "unchanged = 'rl4vlm' must list arms of" in str(e)
+    else:
+        raise AssertionError("a string where the arms' list belongs was taken")
