@@ -49,16 +49,14 @@ def linears_step(policy: object, batch: int) -> float:
     """Seconds of one decode step's matrix products at `batch` rows: each Linear of the language
     model (the adapters' too) and the LM head on a (batch, in_features) input, in model order, so
     each weight is read once per step as in decoding (the cache does not keep them all)."""
+    from contextlib import nullcontext
+
     import torch
-    from torch import nn
 
-    from services.policy.loading import language_model
-
-    base = policy.base_model  # type: ignore[attr-defined]
-    layers = [m for m in language_model(base).modules() if isinstance(m, nn.Linear)]
-    layers.append(base.get_output_embeddings())
+    layers = policy._decode_linears()  # type: ignore[attr-defined]
+    linears = policy.transposed_linears  # type: ignore[attr-defined]
     inputs = [torch.randn(batch, m.in_features) for m in layers]
-    with torch.no_grad():
+    with torch.no_grad(), linears.active() if linears is not None else nullcontext():
         t0 = time.perf_counter()
         for m, x in zip(layers, inputs, strict=True):
             m(x)

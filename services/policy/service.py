@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -78,8 +78,10 @@ from services.policy.loading import (
     to_pil,
 )
 from services.policy.protocol import ImageLike
+from services.policy.sampling import sampling_processors
 from services.policy.schemas import Generation
 from services.policy.spans import token_spans
+from services.policy.transposed_linears import TransposedLinears
 
 if TYPE_CHECKING:
     from services.policy.protocol import RolloutPolicy
@@ -139,8 +141,16 @@ class Policy:
         self._final_norm = norm
         self.vision_in_checkpoint = finetune == "full"
         # Decode with a KV cache that grows in place (services/policy/kv_cache.py); False: HF's
-        # dynamic cache, which copies the cache at every token (bench/kv_cache_bench.py).
+        # dynamic cache, which copies the cache at every token (bench/decode_switch_bench.py).
         self.grow_kv_cache = True
+        # Decode through each Linear's weight stored transposed, on the CPU only
+        # (services/policy/transposed_linears.py); None: nn.Linear's own path.
+        # Sample with one uniform per row against the CDF (services/policy/sampling.py); False:
+        # HF's torch.multinomial, an exponential per vocabulary entry. The same distribution.
+        self.cdf_sampling = True
+        self.transposed_linears = (
+            TransposedLinears(self._decode_linears()) if device.type == "cpu" else None
+        )
         self._lock = threading.RLock()
         self.model.eval()
 
@@ -269,9 +279,11 @@ class Policy:
 
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
-        sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0}
+        # HF's own sampler (multinomial), or ours as the last processor over a greedy decode
+        hf_sampling = not greedy and not self.cdf_sampling
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0} if hf_sampling else {}
         gcfg = GenerationConfig(
-            do_sample=not greedy,
+            do_sample=hf_sampling,
             max_new_tokens=max_new_tokens,
             repetition_penalty=repetition_penalty if repetition_scope == "all" else 1.0,
             suppress_tokens=self.suppress_ids,
@@ -287,9 +299,13 @@ class Policy:
             processors = LogitsProcessorList()
             if repetition_scope == "generated" and repetition_penalty != 1.0:
                 processors.append(GeneratedRepetitionPenalty(repetition_penalty, prompt_len))
+            if not greedy and self.cdf_sampling:
+                processors.extend(sampling_processors(temperature, top_p))
             if seed is not None:
                 torch.manual_seed(seed)
-            with self._last_hidden(-1, inputs["input_ids"]) as hidden:  # the prefill's last token
+            linears = self.transposed_linears
+            fast = linears.active() if linears is not None else nullcontext()
+            with fast, self._last_hidden(-1, inputs["input_ids"]) as hidden:  # prefill's last
                 out = self.model.generate(
                     **inputs,
                     generation_config=gcfg,
@@ -314,6 +330,13 @@ class Policy:
         from services.policy.kv_cache import CACHE_ARG, growing_cache
 
         return {CACHE_ARG: growing_cache(base.config)}
+
+    def _decode_linears(self) -> list[nn.Linear]:
+        """The Linears a decode step runs: the language model's (LoRA's included) and the head."""
+        base = self.base_model
+        mods = [m for m in language_model(base).modules() if isinstance(m, nn.Linear)]
+        head = base.get_output_embeddings()
+        return mods + [head] if isinstance(head, nn.Linear) else mods
 
     def _generation(
         self, row: list[int], logp: torch.Tensor, ent: torch.Tensor, value: float
