@@ -20,6 +20,7 @@ from services.env.schemas import (
 )
 from services.env.service import EnvError, EnvPool
 from shared import observe
+from shared.responses import model_response
 
 router = APIRouter()
 
@@ -83,14 +84,16 @@ def step_env(session_id: str, req: StepRequest, request: Request) -> StepOut:
 
 
 @router.post("/envs/step", response_model=BatchStepResponse)
-def step_batch(req: BatchStepRequest, request: Request) -> BatchStepResponse:
+def step_batch(req: BatchStepRequest, request: Request) -> Response:
     """Step many sessions at once."""
     pool = _pool(request)
     items = [(item.id, _output(pool, item.id, item)) for item in req.steps]
     observe.ENV_STEPS.inc(len(items))
     observe.ENV_BATCH.observe(len(items))
     raw = _raw(request)
-    return BatchStepResponse(results=[StepOut.of(r, raw) for r in pool.step_batch(items)])
+    # sent as it is (shared/responses.py): one rollout step's frames and states, for every env
+    results = [StepOut.of(r, raw) for r in pool.step_batch(items)]
+    return model_response(BatchStepResponse(results=results))
 
 
 @router.put("/envs/{session_id}/target_formula", status_code=204)

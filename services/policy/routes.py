@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request, Response
 from PIL import Image
 
 from services.policy.schemas import (
@@ -22,6 +21,7 @@ from services.policy.schemas import (
 )
 from services.policy.vllm_backend import served_for_checkpoint
 from shared.paths import CHECKPOINT_NOT_FOUND, confined
+from shared.responses import model_response
 
 router = APIRouter()
 
@@ -62,7 +62,7 @@ def stats(request: Request) -> Stats:
 
 
 @router.post("/generate", response_model=GenerateResponse)
-async def generate(req: GenerateRequest, request: Request) -> GenerateResponse:
+async def generate(req: GenerateRequest, request: Request) -> Response:
     """Sample one response per (image, prompt); concurrent requests are batched together."""
     batcher = request.app.state.batcher
     async with batcher.incoming():
@@ -72,11 +72,14 @@ async def generate(req: GenerateRequest, request: Request) -> GenerateResponse:
         gens = await batcher.submit(images, req.prompts, params)
     except ValueError as e:
         raise HTTPException(422, str(e)) from e
-    return GenerateResponse(generations=[GenerationOut(**dataclasses.asdict(g)) for g in gens])
+    # Built from the records' attributes (`dataclasses.asdict` deep-copies every list) and sent
+    # as it is (shared/responses.py).
+    out = [GenerationOut.model_validate(g, from_attributes=True) for g in gens]
+    return model_response(GenerateResponse(generations=out))
 
 
 @router.post("/score", response_model=ScoreResponse)
-async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
+async def score(req: ScoreRequest, request: Request) -> Response:
     """Per-token log-probs, entropies and values of given responses."""
     policy = request.app.state.policy
     images = await asyncio.to_thread(_images, request.app.state, req.images, req.prompts)
@@ -94,11 +97,13 @@ async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
     out = await asyncio.to_thread(
         policy.score, images, req.prompts, req.response_ids, temperature=req.temperature
     )
-    return ScoreResponse(
-        logprobs=out.logprobs.tolist(),
-        entropy=out.entropy.tolist(),
-        values=out.values.tolist(),
-        mask=out.mask.long().tolist(),
+    return model_response(
+        ScoreResponse(
+            logprobs=out.logprobs.tolist(),
+            entropy=out.entropy.tolist(),
+            values=out.values.tolist(),
+            mask=out.mask.long().tolist(),
+        )
     )
 
 

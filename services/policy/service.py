@@ -15,7 +15,9 @@ Interface (stable; the trainer and controller code against it):
   ``Generation.logprobs``/``entropy`` are of softmax(logits / temperature) over the allowed tokens
   (top-p and the repetition penalty shape sampling only), so ``score`` reproduces them exactly.
   ``token_ids`` are the response tokens, EOS included when produced. ``value`` is the value head
-  on the last-layer hidden state of the last prompt token.
+  on the last-layer hidden state of the last prompt token. Speed switches, each the same model
+  and distribution (docs/benchmarks.md): ``grow_kv_cache`` (kv_cache.py), ``cdf_sampling``
+  (sampling.py), ``transposed_linears`` (transposed_linears.py, CPU only; None turns it off).
 - Spans: ``thought_mask`` = tokens wholly before the last ``"action":`` key; ``action_mask`` =
   from the token that holds that key's first character to the end, EOS excluded. Found from the
   decoded text's character offsets, never from token ids. No key: ``has_action=False``,
