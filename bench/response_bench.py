@@ -7,6 +7,9 @@ Two routes of one app, served by uvicorn in a thread of this process, each answe
 generations like the policy service's ``POST /generate`` (``--batch`` records of ``--tokens``
 tokens); the client times each request, the routes alternated. The records are built once: what
 is timed is the response's path from the route to the client's parsed JSON.
+
+``--wait-ms N`` makes each route wait N ms first (as a model call would) and reports the time
+over N: what the round trip costs once both ends have sat idle through a generation.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def _records(batch: int, tokens: int) -> list[object]:
 @click.option("--tokens", default=64, show_default=True)
 @click.option("--rounds", default=5, show_default=True)
 @click.option("--requests", "per_round", default=50, show_default=True, help="per route and round")
-def main(batch: int, tokens: int, rounds: int, per_round: int) -> None:
+@click.option("--wait-ms", default=0.0, show_default=True, help="each route waits this long first")
+def main(batch: int, tokens: int, rounds: int, per_round: int, wait_ms: float) -> None:
     import dataclasses
     import socket
 
@@ -58,10 +62,12 @@ def main(batch: int, tokens: int, rounds: int, per_round: int) -> None:
 
     @app.get("/checked", response_model=GenerateResponse)
     def checked() -> GenerateResponse:  # what the routes did before
+        time.sleep(wait_ms / 1000)
         return GenerateResponse(generations=[GenerationOut(**dataclasses.asdict(g)) for g in gens])
 
     @app.get("/direct", response_model=GenerateResponse)
     def direct() -> object:  # what they do now
+        time.sleep(wait_ms / 1000)
         out = [GenerationOut.model_validate(g, from_attributes=True) for g in gens]
         return model_response(GenerateResponse(generations=out))
 
@@ -80,10 +86,13 @@ def main(batch: int, tokens: int, rounds: int, per_round: int) -> None:
             t0 = time.perf_counter()
             for _ in range(per_round):
                 client.get(f"/{route}").json()
-            ms[route].append(1e3 * (time.perf_counter() - t0) / per_round)
+            ms[route].append(1e3 * (time.perf_counter() - t0) / per_round - wait_ms)
     server.should_exit = True
-    click.echo(f"{batch} generations of {tokens} tokens, {rounds} rounds of {per_round} requests")
-    click.echo("| route returns | ms per request (rounds) | median |")
+    click.echo(
+        f"{batch} generations of {tokens} tokens, {rounds} rounds of {per_round} requests, "
+        f"each route waiting {wait_ms:g} ms first"
+    )
+    click.echo("| route returns | ms per request over the wait (rounds) | median |")
     click.echo("|---|---|---:|")
     for route, label in (("checked", "the model (FastAPI checks it)"), ("direct", "its JSON")):
         xs = ms[route]
