@@ -2,8 +2,8 @@
 
 FastAPI checks a returned model against the route's ``response_model``: it dumps it, validates
 the dump and encodes it again, which for a batch of generations (per-token lists) or of env
-steps (frames, states) costs more than building the model: 6 ms against 0.2 ms for 16
-generations of 64 tokens (docs/benchmarks.md, "Full stack at 0.95"). The route keeps
+steps (frames, states) costs more than the rest of the response: 5.7 against 1.8 ms a request
+for 16 generations of 64 tokens (bench/response_bench.py, docs/benchmarks.md). The route keeps
 ``response_model`` for its OpenAPI schema and returns ``model_response(body)``; ``body`` was
 validated when it was built.
 """

@@ -145,11 +145,11 @@ class Policy:
         # Decode with a KV cache that grows in place (services/policy/kv_cache.py); False: HF's
         # dynamic cache, which copies the cache at every token (bench/decode_switch_bench.py).
         self.grow_kv_cache = True
-        # Decode through each Linear's weight stored transposed, on the CPU only
-        # (services/policy/transposed_linears.py); None: nn.Linear's own path.
         # Sample with one uniform per row against the CDF (services/policy/sampling.py); False:
         # HF's torch.multinomial, an exponential per vocabulary entry. The same distribution.
         self.cdf_sampling = True
+        # Decode through each Linear's weight stored transposed, on the CPU only
+        # (services/policy/transposed_linears.py); None: nn.Linear's own path.
         self.transposed_linears = (
             TransposedLinears(self._decode_linears()) if device.type == "cpu" else None
         )
