@@ -1,10 +1,11 @@
 """Sampling a token per row with one uniform draw against the CDF, as the last logits processor.
 
 HF's sampling draws with ``torch.multinomial``, which on the CPU draws an exponential for every
-vocabulary entry of every row: 286 against 17 us a step for 16 rows of 1,024 entries (one
-thread), and it grows with the vocabulary (a 150k-entry Qwen vocabulary is 2.4M exponentials a
-step at batch 16). Inverse-CDF sampling draws one uniform per row and finds it in the running
-sum of the probabilities, the same distribution (tests/services/policy/test_sampling.py).
+vocabulary entry of every row: 342 against 61 us a step for 16 rows of 1,024 entries, one thread
+(bench/decode_kernels_bench.py), and it grows with the vocabulary (a 150k-entry Qwen vocabulary
+is 2.4M exponentials a step at batch 16). Inverse-CDF sampling draws one uniform per row and
+finds it in the running sum of the probabilities, the same distribution
+(tests/services/policy/test_sampling.py).
 
 HF has no hook for its sampler, so ``Policy.generate`` decodes "greedily" over processors that do
 the sampler's whole work: the temperature and top-p warpers HF would add, then ``CdfDraw``, which

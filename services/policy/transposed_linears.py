@@ -3,8 +3,8 @@ faster.
 
 ``nn.Linear`` computes ``x @ W.T`` with W stored (out, in), which MKL runs as a GEMM with a
 transposed operand. At the few rows of a decode step (one new token per sample) that kernel is
-much slower than the plain one on a weight stored (in, out): 49 against 29 us for a 16 x 256 x 768
-product on one thread, bit-identical results (docs/benchmarks.md, "Batch 16 at 8x"). A decode
+much slower than the plain one on a weight stored (in, out): 71 against 38 us for a 16 x 256 x 768
+product on one thread, bit-identical results (bench/decode_kernels_bench.py). A decode
 step is a few hundred such products, so ``Policy.generate`` runs the language model's Linears
 through ``TransposedLinears.active()``: each reads a contiguous copy of its weight's transpose,
 made once and made again only when the weight changes (an optimiser step or ``load_weights``
