@@ -19,8 +19,9 @@ from .conftest import PROMPTS
 
 @pytest.mark.parametrize("arch", ["llava", "qwen2_vl", "idefics3"])
 def test_the_policy_decodes_every_language_model_linear_through_it(
-    tiny_path: Callable[[str], Path], arch: str
+    tiny_path: Callable[[str], Path], images: list[np.ndarray], arch: str
 ) -> None:
+    """Every architecture (Qwen2's q/k/v carry a bias): the same greedy generations either way."""
     policy = Policy.load(tiny_path(arch), lora_r=4)
     linears = policy.transposed_linears
     assert linears is not None  # on the CPU
@@ -30,6 +31,9 @@ def test_the_policy_decodes_every_language_model_linear_through_it(
     assert base.get_output_embeddings() in linears.modules
     lora = [n for n, m in policy.model.named_modules() if isinstance(m, nn.Linear) and "lora_" in n]
     assert lora and all(policy.model.get_submodule(n) in linears.modules for n in lora)
+    if arch == "qwen2_vl":
+        assert any(m.bias is not None for m in lm)
+    assert _same(_greedy(policy, images, on=True), _greedy(policy, images, on=False))
 
 
 def _greedy(policy: Policy, images: list[np.ndarray], on: bool) -> list[tuple[list[int], list]]:
