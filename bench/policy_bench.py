@@ -81,12 +81,17 @@ def _free_port() -> int:
 
 
 def _serve(policy: object) -> tuple[str, Callable[[], None]]:
-    import uvicorn
-
     from services.policy.app import create_app
 
+    return serve_in_thread(create_app(policy))
+
+
+def serve_in_thread(app: object) -> tuple[str, Callable[[], None]]:
+    """(url, stop) of uvicorn serving the ASGI `app` from a thread of this process."""
+    import uvicorn
+
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(policy), port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -276,10 +276,15 @@ def run_config(
     return cfg
 
 
+@cache  # read once per process, as variants.toml is
+def arms_table() -> dict[str, dict[str, Any]]:
+    with open(CONFIGS / "arms.toml", "rb") as f:
+        return tomllib.load(f)
+
+
 def arm_changes(arm: str) -> dict[str, Any]:
     """The dotted-key changes that make an arm (configs/repro/arms.toml)."""
-    with open(CONFIGS / "arms.toml", "rb") as f:
-        table = tomllib.load(f)
+    table = arms_table()
     if arm not in table:
         sys.exit(f"no arm {arm!r} in {CONFIGS / 'arms.toml'} (arms: {', '.join(table)})")
     return {k: v for k, v in table[arm].items() if k != "description"}
@@ -311,8 +316,7 @@ def unchanged_arms(variant: str) -> tuple[str, ...]:
     SFT gradients on an arm that has only one of them): not run under it, their base runs stand
     in. A variant no longer in variants.toml (an old CSV's) has none."""
     listed = variants().get(variant, {}).get("unchanged", []) if variant else []
-    with open(CONFIGS / "arms.toml", "rb") as f:
-        known = tomllib.load(f)
+    known = arms_table()
     if not isinstance(listed, list) or not set(listed) <= set(known):
         sys.exit(
             f"{CONFIGS / 'variants.toml'} [{variant}]: unchanged = {listed!r} must list arms of "

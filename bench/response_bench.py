@@ -15,11 +15,15 @@ over N: what the round trip costs once both ends have sat idle through a generat
 from __future__ import annotations
 
 import statistics
-import threading
+import sys
 import time
+from pathlib import Path
 
 import click
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policy_bench import serve_in_thread  # noqa: E402 - a sibling script, not a package
 
 
 def _records(batch: int, tokens: int) -> list[object]:
@@ -49,9 +53,7 @@ def _records(batch: int, tokens: int) -> list[object]:
 @click.option("--wait-ms", default=0.0, show_default=True, help="each route waits this long first")
 def main(batch: int, tokens: int, rounds: int, per_round: int, wait_ms: float) -> None:
     import dataclasses
-    import socket
 
-    import uvicorn
     from fastapi import FastAPI
 
     from services.policy.schemas import GenerateResponse, GenerationOut
@@ -71,14 +73,8 @@ def main(batch: int, tokens: int, rounds: int, per_round: int, wait_ms: float) -
         out = [GenerationOut.model_validate(g, from_attributes=True) for g in gens]
         return model_response(GenerateResponse(generations=out))
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}")
+    url, stop = serve_in_thread(app)
+    client = httpx.Client(base_url=url)
     assert client.get("/checked").json() == client.get("/direct").json()
     ms: dict[str, list[float]] = {"checked": [], "direct": []}
     for _ in range(rounds):
@@ -87,7 +83,7 @@ def main(batch: int, tokens: int, rounds: int, per_round: int, wait_ms: float) -
             for _ in range(per_round):
                 client.get(f"/{route}").json()
             ms[route].append(1e3 * (time.perf_counter() - t0) / per_round - wait_ms)
-    server.should_exit = True
+    stop()
     click.echo(
         f"{batch} generations of {tokens} tokens, {rounds} rounds of {per_round} requests, "
         f"each route waiting {wait_ms:g} ms first"

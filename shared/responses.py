@@ -14,6 +14,6 @@ from fastapi import Response
 from pydantic import BaseModel
 
 
-def model_response(body: BaseModel, status_code: int = 200) -> Response:
+def model_response(body: BaseModel) -> Response:
     """`body` as an application/json response."""
-    return Response(body.model_dump_json(), status_code=status_code, media_type="application/json")
+    return Response(body.model_dump_json(), media_type="application/json")

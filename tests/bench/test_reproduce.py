@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 JUDGE = "eval/success_rate"
 KEYS = [
@@ -518,9 +520,6 @@ def test_bad_seeds_a_bad_variant_and_a_bad_unchanged_list_are_clear_errors(tmp_p
     (tmp_path / "variants.toml").write_text('[v]\n"train.lr" = 1e-3\nunchanged = "rl4vlm"\n')
     (tmp_path / "arms.toml").write_text((ROOT / "configs" / "repro" / "arms.toml").read_text())
     rp.CONFIGS = tmp_path
-    try:
+    # a string where the arms' list belongs is refused
+    with pytest.raises(SystemExit, match="unchanged = 'rl4vlm' must list arms of"):
         rp.unchanged_arms("v")
-    except SystemExit as e:
-        assert "unchanged = 'rl4vlm' must list arms of" in str(e)
-    else:
-        raise AssertionError("a string where the arms' list belongs was taken")
