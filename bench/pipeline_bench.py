@@ -2,7 +2,7 @@
 of a slow corrector when corrections are asynchronous vs synchronous (the reference's loop).
 
     .venv/bin/python bench/pipeline_bench.py [--envs 8 --steps 8 --updates 3] [--repeat 3]
-                                             [--delays 0,0.5,2] [--skip-stack]
+                                             [--delays 0,0.5,2] [--skip-stack] [--two-trips]
 
 Each figure is the rollout speed (``env_steps_per_s`` of the updates, the trainer's time left out)
 of a tiny NumberLine run that starts from the same warm-started checkpoint. Ratios are taken
@@ -109,7 +109,10 @@ def stages(rows: list[dict]) -> dict[str, float]:
                 name = k.removeprefix("time/").removesuffix("_s")
                 out[name] = out.get(name, 0.0) + 1000 * v / n_rollout_steps
     out["rollout"] = 1000 * sum(m["rollout_s"] for m in rows) / n_rollout_steps
-    out["other"] = out["rollout"] - sum(v for k, v in out.items() if k != "rollout")
+    # Where the policy service steps the envs, the controller waits on its stream
+    # (``stream_wait``) while generate and env run there: those two are inside the wait.
+    inside = {"rollout", "generate", "env"} if "stream_wait" in out else {"rollout"}
+    out["other"] = out["rollout"] - sum(v for k, v in out.items() if k not in inside)
     return out
 
 
@@ -171,7 +174,10 @@ def http_run(tmp: Path, name: str, cfg: str, url: str, label: str, tag: str) -> 
     return embedded(tmp, f"{name}-{tag}", cfg, url, label)
 
 
-def full_stack(tmp: Path, cfg: str, label: str | None = None) -> float:
+def full_stack(
+    tmp: Path, cfg: str, label: str | None = None, settings: dict[str, str] | None = None
+) -> float:
+    """A run through the services; ``settings``: more GTR_* variables for every part."""
     import psycopg
 
     from tests.conftest import free_port
@@ -191,6 +197,7 @@ def full_stack(tmp: Path, cfg: str, label: str | None = None) -> float:
         "GTR_ENV_SERVICE_URL": f"http://127.0.0.1:{ports[1]}",
         "GTR_POLICY_SERVICE_URL": f"http://127.0.0.1:{ports[2]}",
         "GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS": "true",  # the fake corrector is on 127.0.0.1
+        **(settings or {}),
     }
     os.environ.update({"GTR_DATABASE_URL": db})
     from shared.db.migrate import upgrade
@@ -254,6 +261,12 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--delays", default="0,0.5,2", help="remote corrector delays; '' for none")
     ap.add_argument("--skip-stack", action="store_true")
+    ap.add_argument(
+        "--two-trips",
+        action="store_true",
+        help="also the full stack with a generate and an env step request per rollout step "
+        "(GTR_POLICY_STEPS_ENVS=false) instead of the policy service's POST /rollout",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="rounds over every setting (median)")
     ap.add_argument(
         "--profile",
@@ -294,6 +307,11 @@ def main() -> None:
         settings["full stack, oracle, async"] = lambda tag: full_stack(
             tmp / tag, stack_cfg, "full stack, oracle, async"
         )
+        if args.two_trips:
+            two = "full stack, oracle, async, two round trips"
+            settings[two] = lambda tag: full_stack(
+                tmp / f"{tag}-2", stack_cfg, two, {"GTR_POLICY_STEPS_ENVS": "false"}
+            )
     # Rounds, each over every setting in a rotated order: a burst of load from another job hits
     # one round's figure, not one setting's every figure; the median of the rounds is reported.
     runs: dict[str, list[float]] = {k: [] for k in settings}
@@ -318,9 +336,9 @@ def report(runs: dict[str, list[float]], loads: dict[str, list[float]]) -> None:
         rounds = ", ".join(f"{x:.1f}" for x in runs[k])
         load = ", ".join(f"{x:.1f}" for x in loads[k])
         print(f"| {k} | {rounds} | {load} | {v:.1f} | {v / base:.2f} |")
-    if "full stack, oracle, async" in out:
-        ratio = out["full stack, oracle, async"] / out["embedded, oracle, async"]
-        print(f"\nfull stack ÷ embedded (oracle, async): {ratio:.2f}")
+    for k in [k for k in out if k.startswith("full stack")]:
+        ratio = out[k] / out["embedded, oracle, async"]
+        print(f"\n{k} ÷ embedded (oracle, async): {ratio:.2f}")
 
 
 def report_stages() -> None:
@@ -336,7 +354,8 @@ def report_stages() -> None:
 
 
 def _stage_order(stage: str) -> tuple[int, str]:
-    order = ["cancel_check", "generate", "env", "record", "publish", "other", "rollout"]
+    order = ["cancel_check", "stream_wait", "generate", "env", "record", "publish", "other"]
+    order.append("rollout")
     return (order.index(stage) if stage in order else len(order) - 2, stage)
 
 

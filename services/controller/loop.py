@@ -175,6 +175,7 @@ def drive(run_id: int, settings: Settings | None = None, on_progress: Any = None
             on_progress=on_progress,
             outage_s=settings.outage_s,
             max_interruptions=settings.max_interruptions,
+            policy_steps_envs=settings.policy_steps_envs,
         )
         return driver.run()
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ from services.controller.timing import StageClock
 from services.controller.tracking import Trackers, final_summary, run_info_metrics
 from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
 from services.env.display import record_time_size
+from services.policy.rollout import RolloutStep, rollout_step
 from shared.db.models import utcnow
 from shared.db.session import session_scope
 from shared.phase import RunCancelled, cancel_requested, set_phase
@@ -93,6 +95,17 @@ def is_interruption(e: BaseException) -> bool:
     return False
 
 
+@contextmanager
+def _closed_after(stream: Iterator[Any] | None) -> Iterator[None]:
+    """Ends a streamed rollout however the loop over it ends (the service stops stepping)."""
+    try:
+        yield
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
 @dataclass
 class Progress:
     update_idx: int
@@ -127,8 +140,12 @@ class RunDriver:
         on_progress: Callable[[Progress], None] | None = None,
         outage_s: float = 300.0,
         max_interruptions: int = 5,
+        policy_steps_envs: bool = True,
     ) -> None:
+        """``policy_steps_envs``: a policy service that steps our env service may run the
+        rollout loop itself (settings' ``policy_steps_envs``)."""
         self.run_id = run_id
+        self.policy_steps_envs = policy_steps_envs
         # An outage is waited out for up to outage_s; max_interruptions in a row (no update
         # trained in between) end the run.
         self.outage_s, self.max_interruptions, self.interruptions = outage_s, max_interruptions, 0
@@ -341,26 +358,30 @@ class RunDriver:
         if self.cfg.algorithm in GROUP_ALGORITHMS and self._envs_update != u:
             self._regroup(u)
         gen = self.cfg.generation
+        params = {
+            "temperature": gen.temperature,
+            "top_p": gen.top_p,
+            "max_new_tokens": gen.max_new_tokens,
+            "repetition_penalty": gen.repetition_penalty,
+            "repetition_scope": gen.repetition_scope,
+        }
         clock = self.clock = StageClock()
-        with WritePipeline() as writer:
+        stream = self._policy_rollout(params)
+        with WritePipeline() as writer, _closed_after(stream):
             for t in range(self.cfg.train.num_steps):
                 if self.cancel_seen:  # read by the recorder thread with each step it writes
                     raise Cancelled()
                 images, prompts = [o.image for o in self.obs], [o.prompt for o in self.obs]
-                with clock("generate"):
-                    gens = self.policy.generate(
-                        images,
-                        prompts,
-                        temperature=gen.temperature,
-                        top_p=gen.top_p,
-                        max_new_tokens=gen.max_new_tokens,
-                        repetition_penalty=gen.repetition_penalty,
-                        repetition_scope=gen.repetition_scope,
+                if stream is not None:
+                    with clock("stream_wait"):  # generate + env in the policy service
+                        step = next(stream)
+                else:
+                    step = rollout_step(
+                        self.policy, self.envs, self.sessions, images, prompts, params
                     )
-                with clock("env"):
-                    results = self.envs.step_batch(
-                        [(sid, g.text) for sid, g in zip(self.sessions, gens, strict=True)]
-                    )
+                clock.add("generate", step.generate_s)
+                clock.add("env", step.env_s)
+                gens, results = step.generations, step.results
                 with clock("record"):
                     records = self._step_records(ro, u, t, prompts, gens, results)
                     writer.submit(self._write_step, u, t, records)
@@ -376,6 +397,19 @@ class RunDriver:
                     ro.step_ids += ids
                     ro.shas += shas
         return ro
+
+    def _policy_rollout(self, params: dict[str, Any]) -> Iterator[RolloutStep] | None:
+        """The policy service's own rollout loop (``POST /rollout``: one round trip a rollout
+        step instead of two) where it steps the env service ours are in and nothing has to
+        happen between two steps; None: this process calls ``rollout_step`` each step."""
+        remote = getattr(self.policy, "rollout", None)
+        env_url = getattr(self.envs, "base_url", None)
+        if not (self.policy_steps_envs and remote and env_url) or self.cfg.corrector.wait == "step":
+            return None
+        if self.policy.env_service() != env_url:  # type: ignore[attr-defined]
+            return None
+        images, prompts = [o.image for o in self.obs], [o.prompt for o in self.obs]
+        return remote(self.sessions, images, prompts, self.cfg.train.num_steps, params)
 
     @property
     def _correcting(self) -> bool:

@@ -25,6 +25,10 @@ class StageClock:
         finally:
             self.totals[stage] = self.totals.get(stage, 0.0) + time.perf_counter() - start
 
+    def add(self, stage: str, seconds: float) -> None:
+        """Seconds timed elsewhere (a rollout step times its generation and env step itself)."""
+        self.totals[stage] = self.totals.get(stage, 0.0) + seconds
+
     def metrics(self) -> dict[str, float]:
         """``{"time/<stage>_s": seconds}`` for an update's metrics."""
         return {f"time/{k}_s": round(v, 6) for k, v in self.totals.items()}

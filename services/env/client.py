@@ -36,7 +36,8 @@ class EnvServiceError(RuntimeError):
         self.status_code = status_code
 
 
-_ERRORS: dict[int, type[Exception]] = {
+# The env service's error statuses and the exceptions EnvPool raises for them.
+STATUS_ERRORS: dict[int, type[Exception]] = {
     404: SessionNotFound,
     409: EpisodeNotStarted,
     422: EnvError,
@@ -68,6 +69,11 @@ class EnvClient:
         # so create + reset here replays exactly what it does on an EnvPool.
         self._first: dict[str, Observation] = {}
 
+    @property
+    def base_url(self) -> str:
+        """The service's URL, as given (no trailing slash)."""
+        return str(self._http.base_url).rstrip("/")
+
     def __enter__(self) -> EnvClient:
         return self
 
@@ -88,8 +94,8 @@ class EnvClient:
                 except ValueError:  # a proxy's or a dying server's page, not our JSON
                     detail = resp.text[:500]
             message = f"{resp.status_code}: {detail}"
-            if resp.status_code in _ERRORS:
-                raise _ERRORS[resp.status_code](message)
+            if resp.status_code in STATUS_ERRORS:
+                raise STATUS_ERRORS[resp.status_code](message)
             raise EnvServiceError(message, resp.status_code)
         return resp.json() if resp.content else None
 

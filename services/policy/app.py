@@ -29,7 +29,8 @@ def create_app(
     checkpoint: str | None = None,
     settings: Settings | None = None,
 ) -> FastAPI:
-    """Serve `policy`: /generate (batched), /score, /checkpoints/load, /healthz, /stats.
+    """Serve `policy`: /generate (batched), /rollout (with the settings' env service), /score,
+    /checkpoints/load, /healthz, /stats.
 
     Requests carry the settings' service token (when set); checkpoints load only from under
     the checkpoint store (GTR_CHECKPOINT_DIR) and GTR_CHECKPOINT_ROOTS."""
@@ -49,6 +50,9 @@ def create_app(
     app.state.max_response_tokens = max_response_tokens
     app.state.checkpoint = checkpoint
     app.state.checkpoint_roots = [settings.checkpoints_path, *settings.checkpoint_roots]
+    # POST /rollout steps envs through this env service, with the token the others take.
+    app.state.env_service_url = settings.env_service_url
+    app.state.env_token = settings.service_token_value
     app.include_router(router)
     install_metrics(app, "policy")
     errors = {

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image
-
-from services.policy.protocol import RolloutPolicy
+from services.policy.protocol import ImageLike, RolloutPolicy
 from services.policy.schemas import Generation
 from shared import observe
 
 
 @dataclass
 class _Job:
-    images: list[Image.Image]
+    images: list[ImageLike]
     prompts: list[str]
     params: dict[str, Any]
     future: asyncio.Future[list[Generation]]
@@ -88,7 +86,7 @@ class Batcher:
             self.incoming_now -= 1
 
     async def submit(
-        self, images: list[Image.Image], prompts: list[str], params: dict[str, Any]
+        self, images: list[ImageLike], prompts: list[str], params: dict[str, Any]
     ) -> list[Generation]:
         """Queue one request; resolves with its own generations, in order."""
         job = _Job(images, prompts, params, asyncio.get_running_loop().create_future())
@@ -171,3 +169,20 @@ def _groups(jobs: list[_Job], max_batch: int) -> list[list[_Job]]:
             calls.append([])
         calls[-1].append(job)
     return [call for calls in by_key.values() for call in calls]
+
+
+class BatchedPolicy:
+    """``generate`` through the batcher from a thread that is not the event loop's: a rollout
+    driven inside the service (``POST /rollout``) shares model calls with every other request."""
+
+    def __init__(self, batcher: Batcher, loop: asyncio.AbstractEventLoop) -> None:
+        self.batcher, self.loop = batcher, loop
+
+    def generate(
+        self, images: Sequence[ImageLike], prompts: Sequence[str], **params: Any
+    ) -> list[Generation]:
+        submitted = self.batcher.submit(list(images), list(prompts), params)
+        return asyncio.run_coroutine_threadsafe(submitted, self.loop).result()
+
+    def load_weights(self, directory: object, /) -> None:
+        raise NotImplementedError("the service loads checkpoints through POST /checkpoints/load")

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from services.env.client import STATUS_ERRORS, EnvServiceError
 from services.policy.protocol import ImageLike
-from services.policy.schemas import Generation, ScoreResponse, encode_frame
+from services.policy.rollout import RolloutStep
+from services.policy.schemas import (
+    Generation,
+    RolloutError,
+    RolloutStepOut,
+    ScoreResponse,
+    encode_frame,
+)
 from shared.service_auth import auth_header, excerpt
 from shared.settings import get_settings
 
@@ -84,6 +93,50 @@ class PolicyClient:
         }
         return [Generation(**g) for g in self._post("/generate", body)["generations"]]
 
+    def rollout(
+        self,
+        sessions: Sequence[str],
+        images: Sequence[ImageLike],
+        prompts: Sequence[str],
+        steps: int,
+        params: dict[str, Any],
+    ) -> Iterator[RolloutStep]:
+        """``services.policy.rollout.roll`` run by the service against its env service (the same
+        one as ours: see ``env_service``): each step as it is done. The errors are the ones
+        ``EnvClient`` and ``generate`` raise; leaving the loop early stops the service's."""
+        body = {
+            "sessions": list(sessions),
+            "images": [encode_frame(im, self.frames) for im in images],
+            "prompts": list(prompts),
+            "steps": steps,
+            **params,
+        }
+        with self._http.stream("POST", "/rollout", json=body) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise PolicyServiceError(
+                    f"/rollout -> {r.status_code}: {excerpt(r.text)}", r.status_code
+                )
+            done = 0
+            for line in r.iter_lines():
+                data = json.loads(line)
+                if "source" in data:
+                    raise _step_error(RolloutError.model_validate(data))
+                out = RolloutStepOut.model_validate(data)
+                done += 1
+                yield RolloutStep(
+                    [Generation(**g.model_dump()) for g in out.generations],
+                    [s.to_result() for s in out.results],
+                    out.generate_s,
+                    out.env_s,
+                )
+        if done < steps:  # the service went away between two lines
+            raise PolicyServiceError(f"/rollout ended after {done} of {steps} steps", 502)
+
+    def env_service(self) -> str | None:
+        """The env service the service's ``POST /rollout`` steps, or None."""
+        return self.stats().get("env_service")
+
     def score(
         self,
         images: Sequence[ImageLike],
@@ -122,6 +175,16 @@ class PolicyClient:
         r = self._http.get("/stats")
         r.raise_for_status()
         return dict(r.json())
+
+
+def _step_error(err: RolloutError) -> Exception:
+    """The exception a rollout step's failure would have raised had we made the call ourselves."""
+    message = f"{err.status}: {err.detail}"
+    if err.source == "policy":
+        return PolicyServiceError(f"/rollout -> {message}", err.status)
+    if err.status in STATUS_ERRORS:
+        return STATUS_ERRORS[err.status](message)
+    return EnvServiceError(message, err.status)
 
 
 if TYPE_CHECKING:  # mypy holds the class to the contract the controller codes against

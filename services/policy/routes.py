@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import StreamingResponse
 from PIL import Image
 
+from services.env.client import STATUS_ERRORS, EnvClient, EnvServiceError
+from services.env.schemas import StepOut
+from services.policy.batching import BatchedPolicy
+from services.policy.rollout import RolloutStep, roll
 from services.policy.schemas import (
     MAX_PROMPT_CHARS,
     CheckpointLoad,
     GenerateRequest,
     GenerateResponse,
     GenerationOut,
+    RolloutError,
+    RolloutRequest,
+    RolloutStepOut,
     ScoreRequest,
     ScoreResponse,
     Stats,
@@ -22,8 +34,10 @@ from services.policy.schemas import (
 from services.policy.vllm_backend import served_for_checkpoint
 from shared.paths import CHECKPOINT_NOT_FOUND, confined
 from shared.responses import model_response
+from shared.service_auth import excerpt
 
 router = APIRouter()
+log = logging.getLogger("gtr.policy")
 
 
 def _images(state: Any, images: list[str], prompts: list[str]) -> list[Image.Image]:
@@ -58,6 +72,7 @@ def stats(request: Request) -> Stats:
         largest_batch=s.largest_batch,
         windows=s.windows,
         checkpoint=request.app.state.checkpoint,
+        env_service=request.app.state.env_service_url,
     )
 
 
@@ -76,6 +91,99 @@ async def generate(req: GenerateRequest, request: Request) -> Response:
     # as it is (shared/responses.py).
     out = [GenerationOut.model_validate(g, from_attributes=True) for g in gens]
     return model_response(GenerateResponse(generations=out))
+
+
+@router.post(
+    "/rollout",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "NDJSON: a RolloutStepOut line per step as it is done; a "
+            "RolloutError line last when a step failed",
+            "content": {"application/x-ndjson": {}},
+        },
+        409: {"description": "This policy service steps no envs (GTR_ENV_SERVICE_URL unset)"},
+    },
+)
+async def rollout(req: RolloutRequest, request: Request) -> StreamingResponse:
+    """Roll env sessions ``steps`` steps: generate for each session's observation (batched with
+    every other request), step the sessions through the env service, again with the
+    observations that came back. A controller spares one round trip a rollout step this way."""
+    state = request.app.state
+    if not state.env_service_url:
+        raise HTTPException(
+            409, "this policy service steps no envs: start it with GTR_ENV_SERVICE_URL set"
+        )
+    if len(req.sessions) != len(req.prompts):
+        raise HTTPException(422, f"{len(req.sessions)} sessions for {len(req.prompts)} prompts")
+    async with state.batcher.incoming():
+        images = await asyncio.to_thread(_images, state, req.images, req.prompts)
+    params = req.model_dump(exclude={"images", "prompts", "sessions", "steps"})
+    lines = _rollout_lines(state, req, images, params)
+    return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+async def _rollout_lines(
+    state: Any, req: RolloutRequest, images: list[Image.Image], params: dict[str, Any]
+) -> AsyncIterator[str]:
+    """Drives ``roll`` on a thread of its own (its env calls block) and sends each step as it
+    comes; the thread stops after the step it is in when the client goes away."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[RolloutStep | RolloutError | None] = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item: RolloutStep | RolloutError | None) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def drive() -> None:
+        try:
+            with EnvClient(state.env_service_url, token=state.env_token) as envs:
+                policy = BatchedPolicy(state.batcher, loop)
+                steps = roll(policy, envs, req.sessions, images, req.prompts, req.steps, params)
+                for step in steps:
+                    put(step)
+                    if stop.is_set():
+                        return
+        except Exception as e:  # the stream's last line says what failed; never a traceback
+            put(_rollout_error(e, state.env_service_url))
+        finally:
+            put(None)
+
+    threading.Thread(target=drive, name="rollout", daemon=True).start()
+    try:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, RolloutError):
+                yield item.model_dump_json() + "\n"
+                continue
+            # Serialised here, on the event loop, while the thread generates the next step.
+            gens = item.generations
+            line = RolloutStepOut(
+                generations=[GenerationOut.model_validate(g, from_attributes=True) for g in gens],
+                results=[StepOut.of(r, raw=True) for r in item.results],
+                generate_s=item.generate_s,
+                env_s=item.env_s,
+            )
+            yield line.model_dump_json() + "\n"
+    finally:
+        stop.set()
+
+
+def _rollout_error(e: Exception, env_url: str) -> RolloutError:
+    """Who failed a rollout step, with the status its own route would have answered."""
+    if isinstance(e, httpx.TransportError):
+        return RolloutError(
+            source="env", status=503, detail=f"the env service at {env_url} does not answer: {e}"
+        )
+    if isinstance(e, EnvServiceError):
+        return RolloutError(source="env", status=e.status_code, detail=excerpt(str(e)))
+    for status, kind in STATUS_ERRORS.items():
+        if isinstance(e, kind):
+            return RolloutError(source="env", status=status, detail=excerpt(str(e)))
+    if isinstance(e, ValueError):  # the sampling settings (as POST /generate answers them)
+        return RolloutError(source="policy", status=422, detail=excerpt(str(e)))
+    log.exception("a rollout step failed")
+    detail = f"{type(e).__name__}: generation failed"
+    return RolloutError(source="policy", status=500, detail=detail)
 
 
 @router.post("/score", response_model=ScoreResponse)

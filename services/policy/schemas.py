@@ -11,11 +11,13 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, Field
 
+from services.env.schemas import StepOut
 from shared.frames import decode_raw, encode_raw, is_raw
 
 MAX_SAMPLES = 64  # per request
 MAX_PROMPT_CHARS = 8000
 MAX_B64_CHARS = 8_000_000
+MAX_ROLLOUT_STEPS = 4096  # per POST /rollout
 
 
 @dataclass
@@ -70,6 +72,35 @@ class GenerateResponse(BaseModel):
     generations: list[GenerationOut]
 
 
+class RolloutRequest(GenerateRequest):
+    """``POST /rollout``: generate for each env's observation and step it, ``steps`` times.
+
+    ``images``/``prompts`` are each session's current observation; later ones come from the env
+    service this policy service is configured with (GTR_ENV_SERVICE_URL)."""
+
+    sessions: list[str] = Field(
+        min_length=1, max_length=MAX_SAMPLES, description="Env session ids, one per image"
+    )
+    steps: int = Field(ge=1, le=MAX_ROLLOUT_STEPS, description="Rollout steps to take")
+
+
+class RolloutStepOut(BaseModel):
+    """One line of ``POST /rollout``'s NDJSON stream: a rollout step of every session."""
+
+    generations: list[GenerationOut]
+    results: list[StepOut] = Field(description="Each session's env step, frames raw")
+    generate_s: float = Field(description="Seconds the generation took")
+    env_s: float = Field(description="Seconds the env service took, round trip included")
+
+
+class RolloutError(BaseModel):
+    """The stream's last line when a step failed: who failed, and the status it answered."""
+
+    source: Literal["env", "policy"]
+    status: int
+    detail: str
+
+
 class ScoreRequest(BaseModel):
     images: list[str] = Field(min_length=1, max_length=MAX_SAMPLES)
     prompts: list[str] = Field(min_length=1, max_length=MAX_SAMPLES)
@@ -95,6 +126,7 @@ class Stats(BaseModel):
     largest_batch: int
     windows: int = Field(0, description="gathers that waited for more concurrent requests")
     checkpoint: str | None
+    env_service: str | None = Field(None, description="The env service POST /rollout steps")
 
 
 def encode_png(image: object) -> str:

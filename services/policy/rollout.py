@@ -1,0 +1,74 @@
+"""The rollout's inner loop: one response per env from the policy, then every env stepped with
+its response; again with the observations that came back.
+
+``rollout_step`` is that loop's body and ``roll`` the loop, whatever serves the policy and the
+envs: the controller calls ``rollout_step`` itself (embedded, or when it must act between steps),
+and the policy service runs ``roll`` for a controller that asks it to (``POST /rollout``): then
+the env service is called from the process that just generated, and a rollout step costs one
+round trip between services instead of two (docs/benchmarks.md, "One round trip a rollout
+step"). Torch-free, like ``protocol.py``: the controller imports it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from services.policy.protocol import ImageLike, RolloutPolicy
+from services.policy.schemas import Generation
+
+if TYPE_CHECKING:
+    from services.env.service import StepResult
+
+
+class SteppedEnvs(Protocol):
+    """What a rollout needs of the envs: ``EnvPool`` in a process, ``EnvClient`` over HTTP."""
+
+    def step_batch(self, items: Sequence[tuple[str, str]], /) -> list[StepResult]: ...
+
+
+@dataclass
+class RolloutStep:
+    """One rollout step of every env: the responses, the env steps they made, and the seconds
+    each took where it ran (the controller's stage clock adds them up)."""
+
+    generations: list[Generation]
+    results: list[StepResult]
+    generate_s: float
+    env_s: float
+
+
+def rollout_step(
+    policy: RolloutPolicy,
+    envs: SteppedEnvs,
+    sessions: Sequence[str],
+    images: Sequence[ImageLike],
+    prompts: Sequence[str],
+    params: dict[str, Any],
+) -> RolloutStep:
+    """Generate for each (image, prompt) with the sampling ``params``, then step session ``i``
+    with response ``i``."""
+    start = time.perf_counter()
+    gens = policy.generate(images, prompts, **params)
+    generated = time.perf_counter()
+    results = envs.step_batch([(sid, g.text) for sid, g in zip(sessions, gens, strict=True)])
+    return RolloutStep(gens, results, generated - start, time.perf_counter() - generated)
+
+
+def roll(
+    policy: RolloutPolicy,
+    envs: SteppedEnvs,
+    sessions: Sequence[str],
+    images: Sequence[ImageLike],
+    prompts: Sequence[str],
+    steps: int,
+    params: dict[str, Any],
+) -> Iterator[RolloutStep]:
+    """``steps`` rollout steps from the given observations; each one is yielded as it is done."""
+    for _ in range(steps):
+        step = rollout_step(policy, envs, sessions, images, prompts, params)
+        yield step
+        images = [r.observation.image for r in step.results]
+        prompts = [r.observation.prompt for r in step.results]
