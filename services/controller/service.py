@@ -146,6 +146,7 @@ class RunDriver:
         rollout loop itself (settings' ``policy_steps_envs``)."""
         self.run_id = run_id
         self.policy_steps_envs = policy_steps_envs
+        self._same_envs: bool | None = None  # the policy service steps our env service
         # An outage is waited out for up to outage_s; max_interruptions in a row (no update
         # trained in between) end the run.
         self.outage_s, self.max_interruptions, self.interruptions = outage_s, max_interruptions, 0
@@ -242,6 +243,7 @@ class RunDriver:
         )
         self._close_envs()
         self._wait_for_services(e)
+        self._same_envs = None
         self.success = M.SuccessWindow(self.cfg.metrics.success_window)  # _start refills it
         self.subtasks, self.obs, self.cursors = {}, [], []
 
@@ -406,7 +408,16 @@ class RunDriver:
         env_url = getattr(self.envs, "base_url", None)
         if not (self.policy_steps_envs and remote and env_url) or self.cfg.corrector.wait == "step":
             return None
-        if self.policy.env_service() != env_url:  # type: ignore[attr-defined]
+        if self._same_envs is None:  # asked again after an interruption (the service restarted)
+            self._same_envs = self.policy.env_service() == env_url  # type: ignore[attr-defined]
+            if not self._same_envs:
+                log.info(
+                    "run %s: the policy service steps another env service than %s; "
+                    "a generate and an env step request per rollout step",
+                    self.run_id,
+                    env_url,
+                )
+        if not self._same_envs:
             return None
         images, prompts = [o.image for o in self.obs], [o.prompt for o in self.obs]
         return remote(self.sessions, images, prompts, self.cfg.train.num_steps, params)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+from services.env.client import EnvClient
 from services.policy.batching import Batcher
 from services.policy.routes import router
 from shared.observe import install as install_metrics
@@ -42,6 +43,8 @@ def create_app(
         batcher.start()
         yield
         await batcher.stop()
+        if app.state.envs is not None:
+            app.state.envs.shutdown()
 
     app = FastAPI(title="gtr policy", lifespan=lifespan)
     app.state.policy = policy
@@ -50,9 +53,11 @@ def create_app(
     app.state.max_response_tokens = max_response_tokens
     app.state.checkpoint = checkpoint
     app.state.checkpoint_roots = [settings.checkpoints_path, *settings.checkpoint_roots]
-    # POST /rollout steps envs through this env service, with the token the others take.
-    app.state.env_service_url = settings.env_service_url
-    app.state.env_token = settings.service_token_value
+    # POST /rollout steps envs through this env service, with the token the others take. One
+    # client for every rollout: a new httpx client costs tens of ms (its TLS context), a
+    # rollout's first step paid that (docs/benchmarks.md, "One round trip a rollout step").
+    url = app.state.env_service_url = settings.env_service_url
+    app.state.envs = EnvClient(url, token=settings.service_token_value) if url else None
     app.include_router(router)
     install_metrics(app, "policy")
     errors = {

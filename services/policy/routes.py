@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 from PIL import Image
 
-from services.env.client import STATUS_ERRORS, EnvClient, EnvServiceError
+from services.env.client import STATUS_ERRORS, EnvServiceError
 from services.env.schemas import StepOut
 from services.policy.batching import BatchedPolicy
 from services.policy.rollout import RolloutStep, roll
@@ -110,7 +110,7 @@ async def rollout(req: RolloutRequest, request: Request) -> StreamingResponse:
     every other request), step the sessions through the env service, again with the
     observations that came back. A controller spares one round trip a rollout step this way."""
     state = request.app.state
-    if not state.env_service_url:
+    if state.envs is None:
         raise HTTPException(
             409, "this policy service steps no envs: start it with GTR_ENV_SERVICE_URL set"
         )
@@ -137,13 +137,12 @@ async def _rollout_lines(
 
     def drive() -> None:
         try:
-            with EnvClient(state.env_service_url, token=state.env_token) as envs:
-                policy = BatchedPolicy(state.batcher, loop)
-                steps = roll(policy, envs, req.sessions, images, req.prompts, req.steps, params)
-                for step in steps:
-                    put(step)
-                    if stop.is_set():
-                        return
+            policy = BatchedPolicy(state.batcher, loop)
+            steps = roll(policy, state.envs, req.sessions, images, req.prompts, req.steps, params)
+            for step in steps:
+                put(step)
+                if stop.is_set():
+                    return
         except Exception as e:  # the stream's last line says what failed; never a traceback
             put(_rollout_error(e, state.env_service_url))
         finally:

@@ -1,0 +1,123 @@
+"""``POST /rollout``: the policy service runs the rollout loop against a real env service (both
+served by uvicorn), and its steps are the ones the controller's own loop takes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from services.controller.service import is_interruption
+from services.env import EnvPool
+from services.env.app import create_app as env_app
+from services.env.client import EnvClient, EnvServiceError
+from services.env.service import SessionNotFound
+from services.policy.app import create_app as policy_app
+from services.policy.client import PolicyClient, PolicyServiceError
+from services.policy.rollout import roll
+from services.policy.service import Policy
+from shared.settings import Settings
+from tests.conftest import free_port, live_server
+
+GREEDY = {"greedy": True, "max_new_tokens": 24}
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_path: Callable[[str], Path]) -> Policy:
+    return Policy.load(tiny_path("llava"), lora_r=4)
+
+
+@pytest.fixture(scope="module")
+def services(policy: Policy) -> Iterator[dict[str, str]]:
+    """An env service, and a policy service that steps it."""
+    with live_server(env_app(EnvPool(), settings=Settings())) as env_url:
+        app = policy_app(policy, settings=Settings(env_service_url=env_url))
+        with live_server(app) as policy_url:
+            yield {"env": env_url, "policy": policy_url}
+
+
+def _open(envs: EnvClient | EnvPool, n: int, seed: int = 7) -> tuple[list[str], list, list[str]]:
+    sids = [envs.create("numberline", {"image_size": 64}, seed=seed + i) for i in range(n)]
+    obs = [envs.reset(s) for s in sids]
+    return sids, [o.image for o in obs], [o.prompt for o in obs]
+
+
+def test_the_service_takes_the_steps_the_controllers_loop_takes(
+    services: dict[str, str], policy: Policy
+) -> None:
+    """Greedy decoding: the same deals give the same outputs, rewards and next observations
+    through POST /rollout as through ``roll`` in this process over a local EnvPool."""
+    with EnvClient(services["env"]) as envs, PolicyClient(services["policy"]) as client:
+        assert client.env_service() == envs.base_url
+        sids, images, prompts = _open(envs, 3)
+        remote = list(client.rollout(sids, images, prompts, 4, GREEDY))
+    pool = EnvPool()
+    local_sids, local_images, local_prompts = _open(pool, 3)
+    local = list(roll(policy, pool, local_sids, local_images, local_prompts, 4, GREEDY))
+    assert len(remote) == len(local) == 4
+    for r, lo in zip(remote, local, strict=True):
+        assert [g.text for g in r.generations] == [g.text for g in lo.generations]
+        assert [g.token_ids for g in r.generations] == [g.token_ids for g in lo.generations]
+        assert [x.reward for x in r.results] == [x.reward for x in lo.results]
+        assert [x.parsed.thought for x in r.results] == [x.parsed.thought for x in lo.results]
+        for a, b in zip(r.results, lo.results, strict=True):
+            assert a.observation.prompt == b.observation.prompt
+            assert np.array_equal(a.observation.image, b.observation.image)
+            assert a.observation.state == b.observation.state
+        assert r.generate_s > 0 and r.env_s > 0
+
+
+def test_a_step_that_fails_raises_what_the_call_would_have(services: dict[str, str]) -> None:
+    with EnvClient(services["env"]) as envs, PolicyClient(services["policy"]) as client:
+        sids, images, prompts = _open(envs, 2)
+        with pytest.raises(SessionNotFound, match="unknown session"):
+            list(client.rollout([sids[0], "no-such-session"], images, prompts, 3, GREEDY))
+        # A bad request is refused before anything is stepped.
+        with pytest.raises(PolicyServiceError, match="1 sessions for 2 prompts") as e:
+            list(client.rollout(sids[:1], images, prompts, 3, GREEDY))
+        assert e.value.status_code == 422
+        for body, text in [
+            ({"steps": 0}, "steps"),
+            ({"steps": 10**6}, "steps"),
+            ({"temperature": 0}, "temperature"),
+        ]:
+            with pytest.raises(PolicyServiceError, match=text):
+                list(client.rollout(sids, images, prompts, body.pop("steps", 2), body))
+        # The service still serves, and the sessions are where they were.
+        assert len(list(client.rollout(sids, images, prompts, 1, GREEDY))) == 1
+
+
+def test_without_an_env_service_or_with_one_down(policy: Policy) -> None:
+    images, prompts = [np.zeros((64, 64, 3), np.uint8)], ["current number 3, target 5"]
+    with live_server(policy_app(policy, settings=Settings())) as url, PolicyClient(url) as client:
+        assert client.env_service() is None
+        with pytest.raises(PolicyServiceError, match="GTR_ENV_SERVICE_URL") as e:
+            list(client.rollout(["s"], images, prompts, 1, GREEDY))
+        assert e.value.status_code == 409
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = policy_app(policy, settings=Settings(env_service_url=dead))
+    with live_server(app) as url, PolicyClient(url) as client:
+        with pytest.raises(EnvServiceError, match="does not answer") as down:
+            list(client.rollout(["s"], images, prompts, 1, GREEDY))
+        assert down.value.status_code == 503
+        assert is_interruption(down.value)  # the run waits for the env service to come back
+
+
+def test_leaving_the_stream_stops_the_services_loop(services: dict[str, str]) -> None:
+    stats = f"{services['policy']}/stats"
+    with EnvClient(services["env"]) as envs, PolicyClient(services["policy"]) as client:
+        sids, images, prompts = _open(envs, 2)
+        before = httpx.get(stats).json()["samples"]
+        steps = client.rollout(sids, images, prompts, 200, {"max_new_tokens": 8})
+        next(steps)
+        steps.close()
+        time.sleep(1.0)
+        settled = httpx.get(stats).json()["samples"]
+        time.sleep(1.0)
+        after = httpx.get(stats).json()["samples"]
+    assert after == settled  # nothing generates any more
+    assert (after - before) // 2 < 10  # a step or two past the one taken, not 200
