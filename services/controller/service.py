@@ -97,9 +97,12 @@ def is_interruption(e: BaseException) -> bool:
 
 @contextmanager
 def _closed_after(stream: Iterator[Any] | None) -> Iterator[None]:
-    """Ends a streamed rollout however the loop over it ends (the service stops stepping)."""
+    """Ends a streamed rollout however the loop over it ends: read to its end when every step
+    was taken (the connection is kept), else closed (the service stops stepping)."""
     try:
         yield
+        if stream is not None:
+            next(stream, None)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:

@@ -206,15 +206,20 @@ def _write_pg(
     steps and episodes (and this transaction's asynchronous commit) in one query, the steps by
     ``COPY``, then ``_PG_EPISODES_AND_RUN``. On a busy server each round trip costs more than the
     rows it carries."""
+    # The open episodes are locked first, in id order: the corrector worker updates some of them
+    # (their corrected_steps) in the same order, so the two never wait on each other in a cycle
+    # (a deadlock that PostgreSQL ends by failing one of them; it failed a bench run).
     got = s.execute(
         text(
             "SELECT set_config('synchronous_commit', 'off', true), "
             "ARRAY(SELECT nextval(pg_get_serial_sequence('steps', 'id')) "
             "FROM generate_series(1, :n)), "
             "ARRAY(SELECT nextval(pg_get_serial_sequence('episodes', 'id')) "
-            "FROM generate_series(1, :m))"
+            "FROM generate_series(1, :m)), "
+            "ARRAY(SELECT id FROM episodes WHERE id = ANY(CAST(:moved AS integer[])) "
+            "ORDER BY id FOR UPDATE)"
         ),
-        {"n": len(rows), "m": len(new)},
+        {"n": len(rows), "m": len(new), "moved": [t["id"] for t in totals]},
     ).one()
     ids, opened = sorted(got[1]), sorted(got[2])
     copy_rows(

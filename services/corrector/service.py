@@ -478,5 +478,6 @@ def _count_corrected_many(
             update(episodes)
             .where(episodes.c.id == bindparam("eid"))
             .values(corrected_steps=episodes.c.corrected_steps + bindparam("n")),
-            [{"eid": e, "n": n} for e, n in per_episode.items()],
+            # In id order, as the controller's recorder locks them: no deadlock between the two.
+            [{"eid": e, "n": n} for e, n in sorted(per_episode.items())],
         )
