@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -178,11 +179,17 @@ class BatchedPolicy:
     def __init__(self, batcher: Batcher, loop: asyncio.AbstractEventLoop) -> None:
         self.batcher, self.loop = batcher, loop
 
+    def submit(
+        self, images: Sequence[ImageLike], prompts: Sequence[str], **params: Any
+    ) -> Future[list[Generation]]:
+        """Queue a generation; its future resolves when the model call it joined is done."""
+        job = self.batcher.submit(list(images), list(prompts), params)
+        return asyncio.run_coroutine_threadsafe(job, self.loop)
+
     def generate(
         self, images: Sequence[ImageLike], prompts: Sequence[str], **params: Any
     ) -> list[Generation]:
-        submitted = self.batcher.submit(list(images), list(prompts), params)
-        return asyncio.run_coroutine_threadsafe(submitted, self.loop).result()
+        return self.submit(images, prompts, **params).result()
 
     def load_weights(self, directory: object, /) -> None:
         raise NotImplementedError("the service loads checkpoints through POST /checkpoints/load")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +118,7 @@ class PolicyClient:
                     f"/rollout -> {r.status_code}: {excerpt(r.text)}", r.status_code
                 )
             done = 0
-            for line in r.iter_lines():
+            for line in ndjson_lines(r.iter_bytes()):
                 data = json.loads(line)
                 if "source" in data:
                     raise _step_error(RolloutError.model_validate(data))
@@ -175,6 +175,19 @@ class PolicyClient:
         r = self._http.get("/stats")
         r.raise_for_status()
         return dict(r.json())
+
+
+def ndjson_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of an NDJSON body, split on ``\n`` only. ``iter_lines`` splits as
+    ``str.splitlines`` does, also on U+2028, U+0085 and others that JSON leaves unescaped in a
+    string: a generated text holding one cut its line in two."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        yield from (line for line in lines if line)
+    if buffer.strip():
+        yield buffer
 
 
 def _step_error(err: RolloutError) -> Exception:

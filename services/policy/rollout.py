@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,9 +67,30 @@ def roll(
     steps: int,
     params: dict[str, Any],
 ) -> Iterator[RolloutStep]:
-    """``steps`` rollout steps from the given observations; each one is yielded as it is done."""
-    for _ in range(steps):
-        step = rollout_step(policy, envs, sessions, images, prompts, params)
-        yield step
-        images = [r.observation.image for r in step.results]
-        prompts = [r.observation.prompt for r in step.results]
+    """``steps`` rollout steps from the given observations; each one is yielded as it is done.
+
+    A policy that can start a generation without waiting for it (``submit``: the policy
+    service's batcher) has the next step's generation started before a step is yielded, so
+    what the caller does with the step (the service serialises and sends it) runs beside that
+    generation instead of before it."""
+    submit = getattr(policy, "submit", None)
+    if submit is None:
+        for _ in range(steps):
+            step = rollout_step(policy, envs, sessions, images, prompts, params)
+            yield step
+            images = [r.observation.image for r in step.results]
+            prompts = [r.observation.prompt for r in step.results]
+        return
+    started = time.perf_counter()
+    pending: Future[list[Generation]] = submit(images, prompts, **params)
+    for t in range(steps):
+        gens = pending.result()
+        generated = time.perf_counter()
+        results = envs.step_batch([(sid, g.text) for sid, g in zip(sessions, gens, strict=True)])
+        stepped = time.perf_counter()
+        if t + 1 < steps:
+            images = [r.observation.image for r in results]
+            prompts = [r.observation.prompt for r in results]
+            pending = submit(images, prompts, **params)
+        yield RolloutStep(gens, results, generated - started, stepped - generated)
+        started = stepped

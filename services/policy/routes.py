@@ -129,42 +129,44 @@ async def _rollout_lines(
     """Drives ``roll`` on a thread of its own (its env calls block) and sends each step as it
     comes; the thread stops after the step it is in when the client goes away."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[RolloutStep | RolloutError | None] = asyncio.Queue()
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
     stop = threading.Event()
 
-    def put(item: RolloutStep | RolloutError | None) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+    def put(line: str | None) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, line)
 
     def drive() -> None:
         try:
             policy = BatchedPolicy(state.batcher, loop)
             steps = roll(policy, state.envs, req.sessions, images, req.prompts, req.steps, params)
-            for step in steps:
-                put(step)
+            for step in steps:  # the next step generates while this one is serialised
+                put(_step_line(step))
                 if stop.is_set():
                     return
         except Exception as e:  # the stream's last line says what failed; never a traceback
-            put(_rollout_error(e, state.env_service_url))
+            put(_rollout_error(e, state.env_service_url).model_dump_json() + "\n")
         finally:
             put(None)
 
     threading.Thread(target=drive, name="rollout", daemon=True).start()
     try:
-        while (item := await queue.get()) is not None:
-            if isinstance(item, RolloutError):
-                yield item.model_dump_json() + "\n"
-                continue
-            # Serialised here, on the event loop, while the thread generates the next step.
-            gens = item.generations
-            line = RolloutStepOut(
-                generations=[GenerationOut.model_validate(g, from_attributes=True) for g in gens],
-                results=[StepOut.of(r, raw=True) for r in item.results],
-                generate_s=item.generate_s,
-                env_s=item.env_s,
-            )
-            yield line.model_dump_json() + "\n"
+        while (line := await queue.get()) is not None:
+            yield line
     finally:
         stop.set()
+
+
+def _step_line(step: RolloutStep) -> str:
+    gens = step.generations
+    return (
+        RolloutStepOut(
+            generations=[GenerationOut.model_validate(g, from_attributes=True) for g in gens],
+            results=[StepOut.of(r, raw=True) for r in step.results],
+            generate_s=step.generate_s,
+            env_s=step.env_s,
+        ).model_dump_json()
+        + "\n"
+    )
 
 
 def _rollout_error(e: Exception, env_url: str) -> RolloutError:

@@ -3,6 +3,7 @@ served by uvicorn), and its steps are the ones the controller's own loop takes."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,8 +18,10 @@ from services.env.app import create_app as env_app
 from services.env.client import EnvClient, EnvServiceError
 from services.env.service import SessionNotFound
 from services.policy.app import create_app as policy_app
-from services.policy.client import PolicyClient, PolicyServiceError
-from services.policy.rollout import roll
+from services.policy.client import PolicyClient, PolicyServiceError, ndjson_lines
+from services.policy.rollout import RolloutStep, roll
+from services.policy.routes import _step_line
+from services.policy.schemas import Generation
 from services.policy.service import Policy
 from shared.settings import Settings
 from tests.conftest import free_port, live_server
@@ -121,3 +124,19 @@ def test_leaving_the_stream_stops_the_services_loop(services: dict[str, str]) ->
         after = httpx.get(stats).json()["samples"]
     assert after == settled  # nothing generates any more
     assert (after - before) // 2 < 10  # a step or two past the one taken, not 200
+
+
+def test_a_generated_text_with_line_separators_stays_on_its_line() -> None:
+    """JSON leaves U+2028, U+0085, \\x0b... unescaped in a string; a model may write them."""
+    pool = EnvPool()
+    sid = pool.create("numberline", {"image_size": 64}, 1)
+    pool.reset(sid)
+    text = 'a\u2028b\x85c\rd\x0be\x1cf"<script>'
+    gen = Generation(text, [1, 2], [-0.1, -0.2], 0.5, [True, False], [False, True], [1.0, 1.0])
+    step = RolloutStep([gen], pool.step_batch([(sid, text)]), 0.1, 0.01)
+    body = (_step_line(step) * 3).encode()
+    for size in (1, 7, 4096, len(body)):
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        lines = [json.loads(line) for line in ndjson_lines(chunks)]
+        assert [x["generations"][0]["text"] for x in lines] == [text] * 3
+        assert lines[0]["results"][0]["parsed"]["thought"] is None  # not JSON: no thought
