@@ -2,7 +2,7 @@
 of a slow corrector when corrections are asynchronous vs synchronous (the reference's loop).
 
     .venv/bin/python bench/pipeline_bench.py [--envs 8 --steps 8 --updates 3] [--repeat 3]
-                                             [--delays 0,0.5,2] [--skip-stack] [--two-trips]
+                                             [--delays 0,0.5,2] [--skip-stack] [--policy-loop]
 
 Each figure is the rollout speed (``env_steps_per_s`` of the updates, the trainer's time left out)
 of a tiny NumberLine run that starts from the same warm-started checkpoint. Ratios are taken
@@ -262,10 +262,10 @@ def main() -> None:
     ap.add_argument("--delays", default="0,0.5,2", help="remote corrector delays; '' for none")
     ap.add_argument("--skip-stack", action="store_true")
     ap.add_argument(
-        "--two-trips",
+        "--policy-loop",
         action="store_true",
-        help="also the full stack with a generate and an env step request per rollout step "
-        "(GTR_POLICY_STEPS_ENVS=false) instead of the policy service's POST /rollout",
+        help="also the full stack with the policy service running the rollout loop "
+        "(GTR_POLICY_STEPS_ENVS=true: POST /rollout, one round trip a rollout step)",
     )
     ap.add_argument("--repeat", type=int, default=3, help="rounds over every setting (median)")
     ap.add_argument(
@@ -307,10 +307,10 @@ def main() -> None:
         settings["full stack, oracle, async"] = lambda tag: full_stack(
             tmp / tag, stack_cfg, "full stack, oracle, async"
         )
-        if args.two_trips:
-            two = "full stack, oracle, async, two round trips"
-            settings[two] = lambda tag: full_stack(
-                tmp / f"{tag}-2", stack_cfg, two, {"GTR_POLICY_STEPS_ENVS": "false"}
+        if args.policy_loop:
+            loop = "full stack, oracle, async, policy service's loop"
+            settings[loop] = lambda tag: full_stack(
+                tmp / f"{tag}-loop", stack_cfg, loop, {"GTR_POLICY_STEPS_ENVS": "true"}
             )
     # Rounds, each over every setting in a rotated order: a burst of load from another job hits
     # one round's figure, not one setting's every figure; the median of the rounds is reported.

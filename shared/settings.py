@@ -49,9 +49,10 @@ class Settings(BaseSettings):
         None, description="Policy service base URL; unset = in-process Policy"
     )
     policy_steps_envs: bool = Field(
-        True,
+        False,
         description="Let the policy service step the envs of a rollout (POST /rollout) when it "
-        "serves the controller's env service: one round trip a rollout step instead of two; "
+        "serves the controller's env service: one round trip a rollout step instead of two, "
+        "but the loop's Python work shares the generating process (docs/benchmarks.md); "
         "false = a generate and an env step request each",
     )
     corrector_url_allowlist: list[str] = Field(
