@@ -126,3 +126,68 @@ def test_the_write_pipeline_keeps_order_and_raises_a_failure_in_the_caller() -> 
         with pytest.raises(RuntimeError, match="database gone"):
             pipe.submit(job, 4)
     assert seen == [0, 1]
+
+
+def test_the_recorder_and_a_corrector_worker_lock_episodes_in_one_order(pg_url: str) -> None:
+    """While a corrector worker's transaction holds one episode, the recorder waits for it
+    holding none, and the worker then takes the other without waiting. (The recorder once locked
+    them in its envs' order: this interleaving was a deadlock PostgreSQL broke by failing one.)"""
+    from sqlalchemy import text
+
+    from services.corrector.service import _count_corrected_many
+
+    frames = [np.full((8, 8, 3), i * 40, dtype=np.uint8) for i in range(2)]
+    with session_scope(pg_url) as s:
+        run = create_run(s, RunConfig(task="numberline"), "lock-order")
+        cursors = [open_episode(s, run.id, e, 0, 0) for e in range(2)]
+    shas = FrameShas(blob_store())
+    with session_scope(pg_url) as s:
+        first, _, _ = record_step_batch(
+            s, run.id, 0, [_record(0, 0, frames[0]), _record(1, 0, frames[1])], cursors, shas
+        )
+    with session_scope(pg_url) as s:
+        steps = {st.id: st for st in s.scalars(select(Step).where(Step.id.in_(first)))}
+        s.expunge_all()
+    low, high = (steps[i] for i in first)  # env 0's episode has the lower id
+    assert low.episode_id < high.episode_id
+
+    def incorrect(step: Step) -> list[dict]:
+        return [{"step_id": step.id, "status": "done", "verdict": "incorrect"}]
+
+    failures: list[BaseException] = []
+
+    def recorder() -> None:  # the next rollout step, its envs in the other order
+        try:
+            with session_scope(pg_url) as s:
+                records = [_record(1, 1, frames[1]), _record(0, 1, frames[0])]
+                record_step_batch(s, run.id, 0, records, cursors, shas)
+        except BaseException as e:  # noqa: BLE001 - the assertion below names it
+            failures.append(e)
+
+    with session_scope(pg_url) as worker:
+        worker.execute(text("SET LOCAL lock_timeout = '10s'"))
+        _count_corrected_many(worker, {low.id: low}, incorrect(low), {low.id})
+        thread = threading.Thread(target=recorder)
+        thread.start()
+        for _ in range(200):  # until the recorder waits on the worker's lock
+            # A transaction of its own per look: pg_stat_activity is a snapshot per transaction.
+            with session_scope(pg_url) as probe:
+                waiting = probe.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock'"
+                    )
+                )
+            if waiting:
+                break
+            threading.Event().wait(0.05)
+        assert waiting, "the recorder never waited on the worker's episode"
+        _count_corrected_many(worker, {high.id: high}, incorrect(high), {high.id})
+    thread.join(30)
+    assert not failures, failures
+    with session_scope(pg_url) as s:
+        counted = s.scalars(
+            select(Episode.corrected_steps).where(Episode.run_id == run.id).order_by(Episode.id)
+        ).all()
+        assert counted == [1, 1]
+        assert s.scalar(select(Run.env_steps).where(Run.id == run.id)) == 4
