@@ -70,8 +70,8 @@ def main(envs: int, steps: int, rounds: int, new_tokens: int) -> None:
     from tests.conftest import free_port
     from tests.services.policy.conftest import sample_corpus
 
-    model = build_tiny(Path(tempfile.mkdtemp(prefix="gtr-rollout-bench-")), "llava", "1m",
-                       corpus=sample_corpus())  # fmt: skip
+    out = Path(tempfile.mkdtemp(prefix="gtr-rollout-bench-"))
+    model = build_tiny(out, "llava", "1m", corpus=sample_corpus())
     env_url, policy_url = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
     child_env = {
         **os.environ,
@@ -96,7 +96,7 @@ def main(envs: int, steps: int, rounds: int, new_tokens: int) -> None:
             envs_of = pool if mode == "embedded" else remote_envs
             sids = [envs_of.create("numberline", {"image_size": 64}, seed=i) for i in range(envs)]
             state[mode] = [sids, [envs_of.reset(s) for s in sids]]
-        ms: dict[str, list[float]] = {m: []for m in MODES}  # fmt: skip
+        ms: dict[str, list[float]] = {m: [] for m in MODES}
         parts: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
         for r in range(rounds):
             for mode in MODES[r % 3 :] + MODES[: r % 3]:
@@ -135,8 +135,8 @@ def report(
         gen = statistics.median(g for g, _ in parts[m])
         env = statistics.median(e for _, e in parts[m])
         rounds = ", ".join(f"{x:.0f}" for x in ms[m])
-        print(f"| {m} | {rounds} | {statistics.median(ms[m]):.1f} | {gen:.1f} | {env:.1f} "
-              f"| {ratio:.3f} |")  # fmt: skip
+        median = statistics.median(ms[m])
+        print(f"| {m} | {rounds} | {median:.1f} | {gen:.1f} | {env:.1f} | {ratio:.3f} |")
     print(
         "\n(generate: timed where it ran; through two round trips it includes the request to the"
         " policy service, in the policy service's loop it does not)"

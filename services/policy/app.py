@@ -56,7 +56,7 @@ def create_app(
     # POST /rollout steps envs through this env service, with the token the others take. One
     # client for every rollout: a new httpx client costs tens of ms (its TLS context), a
     # rollout's first step paid that (docs/benchmarks.md, "One round trip a rollout step").
-    url = app.state.env_service_url = settings.env_service_url
+    url = settings.env_service_url
     app.state.envs = EnvClient(url, token=settings.service_token_value) if url else None
     app.include_router(router)
     install_metrics(app, "policy")

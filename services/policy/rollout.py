@@ -12,7 +12,7 @@ step"). Torch-free, like ``protocol.py``: the controller imports it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -53,9 +53,7 @@ def rollout_step(
     with response ``i``."""
     start = time.perf_counter()
     gens = policy.generate(images, prompts, **params)
-    generated = time.perf_counter()
-    results = envs.step_batch([(sid, g.text) for sid, g in zip(sessions, gens, strict=True)])
-    return RolloutStep(gens, results, generated - start, time.perf_counter() - generated)
+    return _step_envs(envs, sessions, gens, start, time.perf_counter())
 
 
 def roll(
@@ -69,28 +67,42 @@ def roll(
 ) -> Iterator[RolloutStep]:
     """``steps`` rollout steps from the given observations; each one is yielded as it is done.
 
-    A policy that can start a generation without waiting for it (``submit``: the policy
-    service's batcher) has the next step's generation started before a step is yielded, so
-    what the caller does with the step (the service serialises and sends it) runs beside that
-    generation instead of before it."""
-    submit = getattr(policy, "submit", None)
-    if submit is None:
-        for _ in range(steps):
-            step = rollout_step(policy, envs, sessions, images, prompts, params)
-            yield step
+    The next step's generation is started before a step is yielded, so what the caller does with
+    the step (the policy service serialises and sends it) runs beside that generation, where the
+    policy can start one without waiting for it (``submit``: the policy service's batcher)."""
+    submit = _submitter(policy)
+    started = time.perf_counter()
+    pending = submit(images, prompts, **params)
+    for t in range(steps):
+        step = _step_envs(envs, sessions, pending.result(), started, time.perf_counter())
+        started = time.perf_counter()
+        if t + 1 < steps:
             images = [r.observation.image for r in step.results]
             prompts = [r.observation.prompt for r in step.results]
-        return
-    started = time.perf_counter()
-    pending: Future[list[Generation]] = submit(images, prompts, **params)
-    for t in range(steps):
-        gens = pending.result()
-        generated = time.perf_counter()
-        results = envs.step_batch([(sid, g.text) for sid, g in zip(sessions, gens, strict=True)])
-        stepped = time.perf_counter()
-        if t + 1 < steps:
-            images = [r.observation.image for r in results]
-            prompts = [r.observation.prompt for r in results]
             pending = submit(images, prompts, **params)
-        yield RolloutStep(gens, results, generated - started, stepped - generated)
-        started = stepped
+        yield step
+
+
+def _step_envs(
+    envs: SteppedEnvs, sessions: Sequence[str], gens: list[Generation], start: float, end: float
+) -> RolloutStep:
+    """Step session ``i`` with response ``i``; ``start``-``end``: the generation's seconds."""
+    results = envs.step_batch([(sid, g.text) for sid, g in zip(sessions, gens, strict=True)])
+    return RolloutStep(gens, results, end - start, time.perf_counter() - end)
+
+
+def _submitter(policy: RolloutPolicy) -> Callable[..., Future[list[Generation]]]:
+    """The policy's ``submit``, or one that generates at once (a policy in this process)."""
+    submit = getattr(policy, "submit", None)
+    if submit is not None:
+        return submit  # type: ignore[no-any-return]
+
+    def now(images: Sequence[ImageLike], prompts: Sequence[str], **params: Any) -> Future:
+        done: Future[list[Generation]] = Future()
+        try:
+            done.set_result(policy.generate(images, prompts, **params))
+        except Exception as e:  # raised by .result(), where a submitted one would raise
+            done.set_exception(e)
+        return done
+
+    return now

@@ -72,7 +72,7 @@ def stats(request: Request) -> Stats:
         largest_batch=s.largest_batch,
         windows=s.windows,
         checkpoint=request.app.state.checkpoint,
-        env_service=request.app.state.env_service_url,
+        env_service=envs.base_url if (envs := request.app.state.envs) is not None else None,
     )
 
 
@@ -144,7 +144,7 @@ async def _rollout_lines(
                 if stop.is_set():
                     return
         except Exception as e:  # the stream's last line says what failed; never a traceback
-            put(_rollout_error(e, state.env_service_url).model_dump_json() + "\n")
+            put(_rollout_error(e, state.envs.base_url).model_dump_json() + "\n")
         finally:
             put(None)
 
