@@ -49,11 +49,10 @@ class Settings(BaseSettings):
         None, description="Policy service base URL; unset = in-process Policy"
     )
     policy_steps_envs: bool = Field(
-        False,
+        True,
         description="Let the policy service step the envs of a rollout (POST /rollout) when it "
-        "serves the controller's env service: one round trip a rollout step instead of two, "
-        "but the loop's Python work shares the generating process (docs/benchmarks.md); "
-        "false = a generate and an env step request each",
+        "serves the controller's env service: one round trip a rollout step instead of two "
+        "(docs/benchmarks.md); false = a generate and an env step request each",
     )
     corrector_url_allowlist: list[str] = Field(
         default_factory=list, description="If set, corrector base URLs must use one of these hosts"

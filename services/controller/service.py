@@ -143,10 +143,10 @@ class RunDriver:
         on_progress: Callable[[Progress], None] | None = None,
         outage_s: float = 300.0,
         max_interruptions: int = 5,
-        policy_steps_envs: bool = False,
+        policy_steps_envs: bool = True,
     ) -> None:
         """``policy_steps_envs``: a policy service that steps our env service may run the
-        rollout loop itself (settings' ``policy_steps_envs``, off by default)."""
+        rollout loop itself (settings' ``policy_steps_envs``; false: two requests a step)."""
         self.run_id = run_id
         self.policy_steps_envs = policy_steps_envs
         self._same_envs: bool | None = None  # the policy service steps our env service

@@ -69,17 +69,25 @@ def roll(
 
     The next step's generation is started before a step is yielded, so what the caller does with
     the step (the policy service serialises and sends it) runs beside that generation, where the
-    policy can start one without waiting for it (``submit``: the policy service's batcher)."""
+    policy can start one without waiting for it (``submit``: the policy service's batcher).
+
+    With a ``seed`` in ``params``, step ``t`` samples with ``seed + t``: reproducible, and no two
+    steps drawing the same random numbers."""
     submit = _submitter(policy)
+    seed = params.get("seed")
+
+    def at(t: int) -> dict[str, Any]:
+        return params if seed is None else {**params, "seed": seed + t}
+
     started = time.perf_counter()
-    pending = submit(images, prompts, **params)
+    pending = submit(images, prompts, **at(0))
     for t in range(steps):
         step = _step_envs(envs, sessions, pending.result(), started, time.perf_counter())
         started = time.perf_counter()
         if t + 1 < steps:
             images = [r.observation.image for r in step.results]
             prompts = [r.observation.prompt for r in step.results]
-            pending = submit(images, prompts, **params)
+            pending = submit(images, prompts, **at(t + 1))
         yield step
 
 

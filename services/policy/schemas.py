@@ -76,7 +76,8 @@ class RolloutRequest(GenerateRequest):
     """``POST /rollout``: generate for each env's observation and step it, ``steps`` times.
 
     ``images``/``prompts`` are each session's current observation; later ones come from the env
-    service this policy service is configured with (GTR_ENV_SERVICE_URL)."""
+    service this policy service is configured with (GTR_ENV_SERVICE_URL). With a ``seed``, step
+    ``t`` samples with ``seed + t``."""
 
     sessions: list[str] = Field(
         min_length=1, max_length=MAX_SAMPLES, description="Env session ids, one per image"

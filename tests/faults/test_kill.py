@@ -231,6 +231,11 @@ def test_baseline_run_without_fault(fresh: dict) -> None:
     """The checks themselves pass on an undisturbed run (else every fault test proves nothing)."""
     run_id = _launch(fresh)
     _finish(fresh, run_id, 300)
+    # The default: the policy service ran each rollout's loop, the controller read its stream
+    # (the full-stack e2e module runs the other way, GTR_POLICY_STEPS_ENVS=false).
+    with session_scope(fresh["url"]) as s:
+        metrics = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
+    assert metrics and all(m["time/stream_wait_s"] > 0 for m in metrics), metrics
 
 
 def test_kill_the_controller_mid_rollout(fresh: dict) -> None:

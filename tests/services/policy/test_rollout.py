@@ -110,6 +110,22 @@ def test_without_an_env_service_or_with_one_down(policy: Policy) -> None:
         assert is_interruption(down.value)  # the run waits for the env service to come back
 
 
+def test_a_seeded_rollout_samples_step_t_with_seed_plus_t(
+    services: dict[str, str], policy: Policy
+) -> None:
+    """Sampled, not greedy: each step of a seeded rollout is what ``generate`` samples on that
+    step's observations with ``seed + t`` (the same seed every step would repeat its draws)."""
+    params = {"max_new_tokens": 12, "temperature": 1.0, "seed": 1234}
+    with EnvClient(services["env"]) as envs, PolicyClient(services["policy"]) as client:
+        sids, images, prompts = _open(envs, 2)
+        steps = list(client.rollout(sids, images, prompts, 3, params))
+    for t, step in enumerate(steps):
+        alone = policy.generate(images, prompts, **{**params, "seed": 1234 + t})
+        assert [g.token_ids for g in step.generations] == [g.token_ids for g in alone]
+        images = [r.observation.image for r in step.results]
+        prompts = [r.observation.prompt for r in step.results]
+
+
 def test_leaving_the_stream_stops_the_services_loop(services: dict[str, str]) -> None:
     stats = f"{services['policy']}/stats"
     with EnvClient(services["env"]) as envs, PolicyClient(services["policy"]) as client:
