@@ -52,6 +52,7 @@ from services.controller.tracking import Trackers, final_summary, run_info_metri
 from services.controller.writer import FrameShas, StepRecord, WritePipeline, record_step_batch
 from services.env.display import record_time_size
 from services.policy.rollout import RolloutStep, rollout_step
+from services.policy.schemas import MAX_SAMPLES
 from shared.db.models import utcnow
 from shared.db.session import session_scope
 from shared.phase import RunCancelled, cancel_requested, set_phase
@@ -405,11 +406,14 @@ class RunDriver:
 
     def _policy_rollout(self, params: dict[str, Any]) -> Iterator[RolloutStep] | None:
         """The policy service's own rollout loop (``POST /rollout``: one round trip a rollout
-        step instead of two) where it steps the env service ours are in and nothing has to
-        happen between two steps; None: this process calls ``rollout_step`` each step."""
+        step instead of two) where it steps the env service ours are in, nothing has to happen
+        between two steps and the run's envs fit one request; None: this process calls
+        ``rollout_step`` each step."""
         remote = getattr(self.policy, "rollout", None)
         env_url = getattr(self.envs, "base_url", None)
         if not (self.policy_steps_envs and remote and env_url) or self.cfg.corrector.wait == "step":
+            return None
+        if len(self.sessions) > MAX_SAMPLES:  # one stream's limit; generate splits its requests
             return None
         if self._same_envs is None:  # asked again after an interruption (the service restarted)
             self._same_envs = self.policy.env_service() == env_url  # type: ignore[attr-defined]

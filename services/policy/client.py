@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from services.env.client import STATUS_ERRORS, EnvServiceError
 from services.policy.protocol import ImageLike
 from services.policy.rollout import RolloutStep
 from services.policy.schemas import (
+    MAX_SAMPLES,
     Generation,
     RolloutError,
     RolloutStepOut,
@@ -79,10 +81,10 @@ class PolicyClient:
         greedy: bool = False,
         seed: int | None = None,
     ) -> list[Generation]:
-        """Same contract as `Policy.generate`."""
-        body = {
-            "images": [encode_frame(im, self.frames) for im in images],
-            "prompts": list(prompts),
+        """Same contract as `Policy.generate`. More than ``MAX_SAMPLES`` samples (a run's
+        ``num_envs`` may be 256) go as concurrent requests of at most that many, which the
+        service's batcher joins into model calls; a ``seed`` then seeds each request alike."""
+        params = {
             "temperature": temperature,
             "top_p": top_p,
             "max_new_tokens": max_new_tokens,
@@ -90,6 +92,31 @@ class PolicyClient:
             "repetition_scope": repetition_scope,
             "greedy": greedy,
             "seed": seed,
+        }
+        if len(images) != len(prompts):  # as `Policy.generate` raises it
+            raise ValueError(f"{len(images)} images for {len(prompts)} prompts")
+        if len(images) <= MAX_SAMPLES:
+            return self._generate(images, prompts, params)
+        starts = range(0, len(images), MAX_SAMPLES)
+        with ThreadPoolExecutor(len(starts), thread_name_prefix="generate") as pool:
+            parts = [
+                pool.submit(
+                    self._generate,
+                    images[i : i + MAX_SAMPLES],
+                    prompts[i : i + MAX_SAMPLES],
+                    params,
+                )
+                for i in starts
+            ]
+            return [g for part in parts for g in part.result()]
+
+    def _generate(
+        self, images: Sequence[ImageLike], prompts: Sequence[str], params: dict[str, Any]
+    ) -> list[Generation]:
+        body = {
+            "images": [encode_frame(im, self.frames) for im in images],
+            "prompts": list(prompts),
+            **params,
         }
         return [Generation(**g) for g in self._post("/generate", body)["generations"]]
 

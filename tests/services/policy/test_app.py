@@ -19,7 +19,7 @@ import uvicorn
 
 from services.policy.app import create_app
 from services.policy.client import PolicyClient, PolicyServiceError
-from services.policy.schemas import encode_png
+from services.policy.schemas import MAX_SAMPLES, encode_png
 from services.policy.service import Policy
 from tests.conftest import live_server
 
@@ -81,6 +81,31 @@ def test_concurrent_requests_are_batched_and_each_caller_gets_its_own(
         for i, g in enumerate(gens):
             n = len(g.token_ids)
             assert torch.allclose(out.logprobs[i, :n], torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_more_samples_than_a_request_takes_go_as_several(served: tuple[Policy, str]) -> None:
+    """A run may have up to 256 envs and the service takes MAX_SAMPLES a request: the client
+    sends the rest as concurrent requests, and every sample gets its own answer, in order."""
+    policy, url = served
+    n = MAX_SAMPLES + 6
+    images, prompts = _inputs(99, n)
+    body = {"images": [encode_png(im) for im in images], "prompts": prompts}
+    refused = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert refused.status_code == 422 and "64" in refused.text  # the service's limit stands
+    client = PolicyClient(url)
+    before = client.stats()
+    gens = client.generate(images, prompts, temperature=0.8, max_new_tokens=6)
+    after = client.stats()
+    assert len(gens) == n
+    assert after["requests"] - before["requests"] == 2
+    assert after["samples"] - before["samples"] == n
+    # Each sample's tokens, scored in-process on that sample's own inputs, give its log-probs.
+    out = policy.score(images, prompts, [g.token_ids for g in gens], temperature=0.8)
+    for i, g in enumerate(gens):
+        k = len(g.token_ids)
+        assert torch.allclose(out.logprobs[i, :k], torch.tensor(g.logprobs), atol=1e-4)
+    with pytest.raises(ValueError, match="70 images for 69 prompts"):
+        client.generate(images, prompts[:-1])  # as Policy.generate says it, nothing sent
 
 
 def test_a_lone_caller_never_waits_out_the_window(served: tuple[Policy, str]) -> None:
