@@ -132,7 +132,7 @@ class EnvPool:
         with self._lock:
             self._evict_expired()
             if len(self._sessions) >= self.max_sessions:
-                raise PoolFull(f"the pool is full ({self.max_sessions} sessions); close some")
+                raise PoolFull(self._full())
         try:
             env = make_env(task, cfg, seed)
         except (ValueError, KeyError, FileNotFoundError, ImportError) as e:
@@ -141,7 +141,7 @@ class EnvPool:
         sid = uuid.uuid4().hex
         with self._lock:
             if len(self._sessions) >= self.max_sessions:
-                raise PoolFull(f"the pool is full ({self.max_sessions} sessions); close some")
+                raise PoolFull(self._full())
             self._sessions[sid] = session
         return sid
 
@@ -207,6 +207,13 @@ class EnvPool:
                 raise SessionNotFound(session_id)
             s.last_used = self._clock()
             return s
+
+    def _full(self) -> str:
+        # A run holds num_envs sessions, and its evaluations eval_episodes more meanwhile.
+        return (
+            f"the env pool is full ({self.max_sessions} sessions): close sessions, or serve "
+            "more (GTR_ENV_MAX_SESSIONS, gtr env serve --max-sessions)"
+        )
 
     def _evict_expired(self) -> None:
         now = self._clock()

@@ -135,6 +135,7 @@ def test_status_codes(base_url: str) -> None:
 def test_full_pool_is_429() -> None:
     with live_server(create_app(EnvPool(max_sessions=1))) as url, EnvClient(url) as client:
         client.create("numberline")
-        with pytest.raises(PoolFull):
+        with pytest.raises(PoolFull, match="GTR_ENV_MAX_SESSIONS"):
             client.create("numberline")
-        assert httpx.post(f"{url}/envs", json={"task": "numberline"}).status_code == 429
+        full = httpx.post(f"{url}/envs", json={"task": "numberline"})
+        assert full.status_code == 429 and "1 sessions" in full.json()["detail"]
