@@ -52,9 +52,9 @@ def full_stack(
     env = {
         "GTR_ENV_SERVICE_URL": urls["env"],
         "GTR_POLICY_SERVICE_URL": urls["policy"],
-        # The controller steps the rollouts here (a generate and an env step request a
-        # step); the fault tests (tests/faults) run the default, the policy service's loop.
-        "GTR_POLICY_STEPS_ENVS": "false",
+        # The default: the policy service runs each rollout's loop (POST /rollout), ALFWorld's
+        # included. The controller's own loop through the services (GTR_POLICY_STEPS_ENVS=false,
+        # or a run wider than one request) runs whole in controller/test_wide_runs.py.
     }
     env_port, policy_port = urls["env"].rsplit(":", 1)[1], urls["policy"].rsplit(":", 1)[1]
     with ExitStack() as stack:
@@ -126,9 +126,8 @@ def test_run_over_rest_completes_with_consistent_counts(stack: dict) -> None:
     assert [u["idx"] for u in updates] == [0, 1]
     for u in updates:
         assert {"losses/policy", "format_valid_rate", "probe_relevance"} <= set(u["metrics"])
-        # The controller ran the rollout loop: it generated and stepped, no stream to wait on.
-        assert "time/stream_wait_s" not in u["metrics"]
-        assert u["metrics"]["time/generate_s"] > 0 and u["metrics"]["time/env_s"] > 0
+        # The policy service ran the rollout loop: the controller waited on its stream.
+        assert u["metrics"]["time/stream_wait_s"] > 0 and u["metrics"]["time/env_s"] > 0
 
 
 def test_gtr_grpo_with_the_self_teacher_over_rest(stack: dict) -> None:
@@ -346,6 +345,7 @@ def test_alfworld_run_completes_with_images_and_corrected_thoughts(alfworld_run:
     for u in updates["items"]:  # the sample's goal swaps are not benchmark games: counted
         assert 0.0 <= u["metrics"]["benchmark_share"] <= 1.0
         assert u["metrics"]["episodes_started"] >= ALF_ENVS
+        assert u["metrics"]["time/stream_wait_s"] > 0  # the policy service's loop stepped them
 
     formed = [s for s in steps if s["format_valid"]]
     assert formed, "the warm start makes the tiny model write JSON"
