@@ -232,7 +232,7 @@ def test_baseline_run_without_fault(fresh: dict) -> None:
     run_id = _launch(fresh)
     _finish(fresh, run_id, 300)
     # The default: the policy service ran each rollout's loop, the controller read its stream
-    # (the full-stack e2e module runs the other way, GTR_POLICY_STEPS_ENVS=false).
+    # (the controller's own loop runs whole in tests/services/controller/test_wide_runs.py).
     with session_scope(fresh["url"]) as s:
         metrics = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
     assert metrics and all(m["time/stream_wait_s"] > 0 for m in metrics), metrics
