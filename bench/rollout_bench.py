@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,6 +36,8 @@ MODES = ("embedded", "two round trips", "policy service's loop")
 
 
 def _serve(cmd: list[str], url: str, env: dict[str, str]) -> subprocess.Popen:
+    from services.controller.stack import _wait_healthy
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", *cmd],
         cwd=ROOT,
@@ -44,15 +45,12 @@ def _serve(cmd: list[str], url: str, env: dict[str, str]) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"{cmd[0]} service did not start")
+    try:
+        _wait_healthy(f"{cmd[0]} service", url, proc, timeout_s=300)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
 
 
 @click.command()

@@ -99,16 +99,13 @@ class PolicyClient:
             return self._generate(images, prompts, params)
         starts = range(0, len(images), MAX_SAMPLES)
         with ThreadPoolExecutor(len(starts), thread_name_prefix="generate") as pool:
-            parts = [
-                pool.submit(
-                    self._generate,
-                    images[i : i + MAX_SAMPLES],
-                    prompts[i : i + MAX_SAMPLES],
-                    params,
-                )
-                for i in starts
-            ]
-            return [g for part in parts for g in part.result()]
+            parts = pool.map(
+                lambda i: self._generate(
+                    images[i : i + MAX_SAMPLES], prompts[i : i + MAX_SAMPLES], params
+                ),
+                starts,
+            )
+            return [g for part in parts for g in part]
 
     def _generate(
         self, images: Sequence[ImageLike], prompts: Sequence[str], params: dict[str, Any]
