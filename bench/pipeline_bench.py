@@ -3,6 +3,7 @@ of a slow corrector when corrections are asynchronous vs synchronous (the refere
 
     .venv/bin/python bench/pipeline_bench.py [--envs 8 --steps 8 --updates 3] [--repeat 3]
                                              [--delays 0,0.5,2] [--skip-stack] [--two-trips]
+                                             [--hosted-envs]
 
 Each figure is the rollout speed (``env_steps_per_s`` of the updates, the trainer's time left out)
 of a tiny NumberLine run that starts from the same warm-started checkpoint. Ratios are taken
@@ -188,16 +189,19 @@ def full_stack(
         c.execute(f'CREATE DATABASE "{name}"')
     db = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     ports = [free_port() for _ in range(3)]
+    settings = settings or {}
+    hosted = settings.get("GTR_POLICY_HOSTS_ENVS") == "true"
+    policy_url = f"http://127.0.0.1:{ports[2]}"
     env = {
         **os.environ,
         "GTR_TORCH_THREADS": TORCH_THREADS,
         "GTR_DATABASE_URL": db,
         "GTR_REDIS_URL": "redis://127.0.0.1:6379/13",
         "GTR_DATA_DIR": str(tmp / "stack"),
-        "GTR_ENV_SERVICE_URL": f"http://127.0.0.1:{ports[1]}",
-        "GTR_POLICY_SERVICE_URL": f"http://127.0.0.1:{ports[2]}",
+        "GTR_ENV_SERVICE_URL": f"{policy_url}/env" if hosted else f"http://127.0.0.1:{ports[1]}",
+        "GTR_POLICY_SERVICE_URL": policy_url,
         "GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS": "true",  # the fake corrector is on 127.0.0.1
-        **(settings or {}),
+        **settings,
     }
     os.environ.update({"GTR_DATABASE_URL": db})
     from shared.db.migrate import upgrade
@@ -208,12 +212,13 @@ def full_stack(
     )["base_model"]
     gtr = [sys.executable, "-m", "services.cli"]
     cmds = [
-        ["env", "serve", "--port", str(ports[1])],
         ["policy", "serve", "--model", base, "--port", str(ports[2])],
         ["worker", "corrector"],
         ["worker", "trainer"],
         ["controller", "--poll", "0.5"],
     ]
+    if not hosted:  # else the policy service serves the env routes
+        cmds.append(["env", "serve", "--port", str(ports[1])])
     procs = [
         subprocess.Popen(
             [*gtr, *c], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -229,8 +234,9 @@ def full_stack(
         from shared.db.session import session_scope
         from shared.schemas import RunConfig
 
-        _wait_healthy("env service", env["GTR_ENV_SERVICE_URL"], procs[0], timeout_s=300)
-        _wait_healthy("policy service", env["GTR_POLICY_SERVICE_URL"], procs[1], timeout_s=300)
+        _wait_healthy("policy service", policy_url, procs[0], timeout_s=300)
+        env_proc = procs[0] if hosted else procs[-1]
+        _wait_healthy("env service", env["GTR_ENV_SERVICE_URL"], env_proc, timeout_s=300)
         with session_scope(db) as s:
             run_id = create_run(s, RunConfig.model_validate(tomllib.loads(cfg)), "default").id
         while True:
@@ -267,6 +273,12 @@ def main() -> None:
         help="also the full stack with the controller running the rollout loop "
         "(GTR_POLICY_STEPS_ENVS=false: a generate and an env step request a rollout step; "
         "the default is the policy service's loop, POST /rollout)",
+    )
+    ap.add_argument(
+        "--hosted-envs",
+        action="store_true",
+        help="also the full stack with the envs in the policy service's process "
+        "(GTR_POLICY_HOSTS_ENVS=true: no env service, no hop a rollout step)",
     )
     ap.add_argument("--repeat", type=int, default=3, help="rounds over every setting (median)")
     ap.add_argument(
@@ -308,6 +320,11 @@ def main() -> None:
         settings["full stack, oracle, async"] = lambda tag: full_stack(
             tmp / tag, stack_cfg, "full stack, oracle, async"
         )
+        if args.hosted_envs:
+            hosted = "full stack, oracle, async, envs in the policy service"
+            settings[hosted] = lambda tag: full_stack(
+                tmp / f"{tag}-hosted", stack_cfg, hosted, {"GTR_POLICY_HOSTS_ENVS": "true"}
+            )
         if args.two_trips:
             two = "full stack, oracle, async, two round trips"
             settings[two] = lambda tag: full_stack(

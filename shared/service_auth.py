@@ -40,12 +40,15 @@ def auth_header(token: str | None) -> dict[str, str]:
 class ServiceToken:
     """ASGI middleware: 401 for a request without the right bearer token (constant-time)."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(
+        self, app: ASGIApp, token: str | None, open_paths: frozenset[str] = OPEN_PATHS
+    ) -> None:
         self.app = app
         self.expected = token.encode() if token else None
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if self.expected is None or scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         header = b""
@@ -96,15 +99,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": "internal error; see the server log"}, status_code=500)
 
 
-def secure_service(app: FastAPI, token: str | None, errors: dict[int, str]) -> FastAPI:
-    """Token, body limit, error handlers and documented errors for an internal service app."""
+def secure_service(
+    app: FastAPI, token: str | None, errors: dict[int, str], open_paths: frozenset[str] = OPEN_PATHS
+) -> FastAPI:
+    """Token, body limit, error handlers and documented errors for an internal service app;
+    ``open_paths`` take no token (probes and scrapes)."""
     from services.api.middleware import BodyLimit
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-    app.add_middleware(ServiceToken, token=token)  # outermost: no body is read without it
+    # outermost: no body is read without it
+    app.add_middleware(ServiceToken, token=token, open_paths=open_paths)
     install_error_handlers(app)
     common = {400: "Malformed request body", 401: "Missing or wrong service token"}
-    document_errors(app, {**common, **errors}, open_paths=OPEN_PATHS)
+    document_errors(app, {**common, **errors}, open_paths=open_paths)
     return app
 
 

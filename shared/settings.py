@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         "serves the controller's env service: one round trip a rollout step instead of two "
         "(docs/benchmarks.md); false = a generate and an env step request each",
     )
+    policy_hosts_envs: bool = Field(
+        False,
+        description="The policy service also serves the env service's routes under /env, over "
+        "a pool in its own process, and POST /rollout steps that pool in process: no service "
+        "hop a rollout step (cheap envs such as gym_cards; ALFWorld's belong in an env service "
+        "of their own). Point the controller's GTR_ENV_SERVICE_URL at <policy URL>/env",
+    )
     corrector_url_allowlist: list[str] = Field(
         default_factory=list, description="If set, corrector base URLs must use one of these hosts"
     )

@@ -416,7 +416,7 @@ class RunDriver:
         if len(self.sessions) > MAX_SAMPLES:  # one stream's limit; generate splits its requests
             return None
         if self._same_envs is None:  # asked again after an interruption (the service restarted)
-            self._same_envs = self.policy.env_service() == env_url  # type: ignore[attr-defined]
+            self._same_envs = self.policy.steps_envs_of(self.envs)  # type: ignore[attr-defined]
             if not self._same_envs:
                 log.info(
                     "run %s: the policy service steps another env service than %s; "

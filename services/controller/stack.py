@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 import httpx
 
+from services.env.app import HOSTED_ENVS
 from shared.settings import Settings, get_settings
 
 
@@ -162,6 +163,14 @@ def stack_env(urls: dict[str, str], settings: Settings) -> dict[str, str]:
     }
 
 
+def stack_urls(port: int, policy_hosts_envs: bool = False) -> dict[str, str]:
+    """The env and policy services' URLs of a stack on ``port``; the env service's routes are
+    the policy service's ``/env`` where it hosts the envs (GTR_POLICY_HOSTS_ENVS)."""
+    policy = f"http://127.0.0.1:{port + 2}"
+    env = f"{policy}{HOSTED_ENVS}" if policy_hosts_envs else f"http://127.0.0.1:{port + 1}"
+    return {"env": env, "policy": policy}
+
+
 def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None) -> None:
     settings = get_settings()
     if not settings.database_url or not settings.redis_url:
@@ -175,7 +184,7 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
     model = model or default_model()
     logs = settings.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    urls = {"env": f"http://127.0.0.1:{port + 1}", "policy": f"http://127.0.0.1:{port + 2}"}
+    urls = stack_urls(port, settings.policy_hosts_envs)
     env = stack_env(urls, settings)
     gtr = [sys.executable, "-m", "services.cli"]
     commands = {
@@ -186,13 +195,16 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
         "trainer": [*gtr, "worker", "trainer"],
         "controller": [*gtr, "controller"],
     }
+    if settings.policy_hosts_envs:  # the policy service serves the envs: no env service
+        del commands["env"]
     stack = Supervisor(commands, env, logs, policy)
     try:
         stack.start()
         # A part that cannot even start (port taken, bad model) fails here rather than loop.
         _wait_healthy("api", f"http://127.0.0.1:{port}", stack.procs["api"])
-        _wait_healthy("env service", urls["env"], stack.procs["env"])
         _wait_healthy("policy service", urls["policy"], stack.procs["policy"])
+        env_proc = stack.procs.get("env", stack.procs["policy"])
+        _wait_healthy("env service", urls["env"], env_proc)
         click.echo(f"gtr-lab is up: API and UI on http://127.0.0.1:{port}  (logs in {logs})")
         click.echo(
             "launch a run: gtr run create configs/numberline-tiny.toml"

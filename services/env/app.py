@@ -19,24 +19,36 @@ _STATUS: dict[type[Exception], int] = {
 }
 
 
+# Where a policy service that hosts envs serves these routes (GTR_POLICY_HOSTS_ENVS).
+HOSTED_ENVS = "/env"
+
+# What each error status means, for the OpenAPI document of any app that serves these routes.
+ERRORS = {
+    404: "Unknown or expired session",
+    409: "Episode not started",
+    413: "Request body too large",
+    422: "Validation error",
+    429: "The pool is full",
+}
+
+
 def create_app(pool: EnvPool | None = None, settings: Settings | None = None) -> FastAPI:
     """The app; pass a pool to share it (tests, embedded mode). Requests carry the settings'
     service token, when one is set."""
     settings = settings or get_settings()
     app = FastAPI(title="gtr-lab env service", version="0.1.0")
-    app.state.pool = pool if pool is not None else pool_from(settings)
-    app.include_router(router)
+    add_env_routes(app, pool if pool is not None else pool_from(settings))
     install_metrics(app, "env")
+    return secure_service(app, settings.service_token_value, ERRORS)
+
+
+def add_env_routes(app: FastAPI, pool: EnvPool, prefix: str = "") -> None:
+    """The env service's routes over ``pool`` on ``app``, under ``prefix``: the env service's
+    own app, or a policy service that hosts envs (``HOSTED_ENVS``)."""
+    app.state.pool = pool
+    app.include_router(router, prefix=prefix)
     for exc, status in _STATUS.items():
         app.add_exception_handler(exc, _handler(status))
-    errors = {
-        404: "Unknown or expired session",
-        409: "Episode not started",
-        413: "Request body too large",
-        422: "Validation error",
-        429: "The pool is full",
-    }
-    return secure_service(app, settings.service_token_value, errors)
 
 
 def pool_from(settings: Settings) -> EnvPool:
@@ -50,7 +62,6 @@ def pool_from(settings: Settings) -> EnvPool:
 
 def _handler(status: int):  # noqa: ANN202 - a FastAPI exception handler
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        detail = f"unknown session {exc.args[0]}" if isinstance(exc, SessionNotFound) else str(exc)
-        return JSONResponse(status_code=status, content={"detail": excerpt(detail)})
+        return JSONResponse(status_code=status, content={"detail": excerpt(str(exc))})
 
     return handle

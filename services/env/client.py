@@ -103,6 +103,10 @@ class EnvClient:
         """Raises unless the service answers ``GET /healthz``."""
         self._http.get("/healthz", timeout=5).raise_for_status()
 
+    def pool_id(self) -> str | None:
+        """The id of the service's pool (``GET /healthz``); None from a service without one."""
+        return self._call("GET", "/healthz").get("pool")  # type: ignore[no-any-return]
+
     def create(
         self, task: str, config: EnvConfig | dict[str, Any] | None = None, seed: int | None = None
     ) -> str:

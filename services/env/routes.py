@@ -46,8 +46,9 @@ def _output(pool: EnvPool, session_id: str, req: StepRequest) -> str:
 
 @router.get("/healthz")
 def healthz(request: Request) -> dict[str, object]:
-    """Liveness, with the number of open sessions."""
-    return {"status": "ok", "sessions": len(_pool(request))}
+    """Liveness, with the number of open sessions and the pool's id."""
+    pool = _pool(request)
+    return {"status": "ok", "sessions": len(pool), "pool": pool.pool_id}
 
 
 @router.post("/envs", status_code=201, response_model=CreateEnvResponse)

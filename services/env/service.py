@@ -31,6 +31,9 @@ class EnvError(ValueError):
 class SessionNotFound(KeyError):
     """No such session, or it expired (REST: 404)."""
 
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0]) if self.args else "unknown session"
+
 
 class PoolFull(RuntimeError):
     """The pool holds its maximum number of sessions (REST: 429)."""
@@ -109,6 +112,9 @@ class EnvPool:
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
+        # Names this pool (GET /healthz): a policy service that hosts a pool in its own process
+        # shows it in /stats, so a controller can tell its envs are stepped there.
+        self.pool_id = uuid.uuid4().hex
 
     def __len__(self) -> int:
         with self._lock:
@@ -174,7 +180,7 @@ class EnvPool:
         with self._lock:
             s = self._sessions.pop(session_id, None)
         if s is None:
-            raise SessionNotFound(session_id)
+            raise SessionNotFound(f"unknown session {session_id}")
         s.env.close()
 
     def describe(self, session_id: str) -> dict[str, Any]:
@@ -204,7 +210,7 @@ class EnvPool:
             self._evict_expired()
             s = self._sessions.get(session_id)
             if s is None:
-                raise SessionNotFound(session_id)
+                raise SessionNotFound(f"unknown session {session_id}")
             s.last_used = self._clock()
             return s
 

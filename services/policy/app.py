@@ -8,11 +8,14 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+from services.env.app import ERRORS as ENV_ERRORS
+from services.env.app import HOSTED_ENVS, add_env_routes, pool_from
 from services.env.client import EnvClient
+from services.env.service import EnvPool
 from services.policy.batching import Batcher
 from services.policy.routes import router
 from shared.observe import install as install_metrics
-from shared.service_auth import secure_service
+from shared.service_auth import OPEN_PATHS, secure_service
 from shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -30,8 +33,8 @@ def create_app(
     checkpoint: str | None = None,
     settings: Settings | None = None,
 ) -> FastAPI:
-    """Serve `policy`: /generate (batched), /rollout (with the settings' env service), /score,
-    /checkpoints/load, /healthz, /stats.
+    """Serve `policy`: /generate (batched), /rollout (with the settings' env service, or the
+    envs it hosts under /env), /score, /checkpoints/load, /healthz, /stats.
 
     Requests carry the settings' service token (when set); checkpoints load only from under
     the checkpoint store (GTR_CHECKPOINT_DIR) and GTR_CHECKPOINT_ROOTS."""
@@ -43,7 +46,7 @@ def create_app(
         batcher.start()
         yield
         await batcher.stop()
-        if app.state.envs is not None:
+        if isinstance(app.state.envs, EnvClient):
             app.state.envs.shutdown()
 
     app = FastAPI(title="gtr policy", lifespan=lifespan)
@@ -53,11 +56,7 @@ def create_app(
     app.state.max_response_tokens = max_response_tokens
     app.state.checkpoint = checkpoint
     app.state.checkpoint_roots = [settings.checkpoints_path, *settings.checkpoint_roots]
-    # POST /rollout steps envs through this env service, with the token the others take. One
-    # client for every rollout: a new httpx client costs tens of ms (its TLS context), a
-    # rollout's first step paid that (docs/benchmarks.md, "One round trip a rollout step").
-    url = settings.env_service_url
-    app.state.envs = EnvClient(url, token=settings.service_token_value) if url else None
+    app.state.envs, app.state.env_pool = _rollout_envs(app, settings)
     app.include_router(router)
     install_metrics(app, "policy")
     errors = {
@@ -65,4 +64,26 @@ def create_app(
         413: "Request body, prompt or response too large",
         422: "Validation error",
     }
-    return secure_service(app, settings.service_token_value, errors)
+    open_paths = OPEN_PATHS
+    if app.state.env_pool is not None:
+        errors = {**ENV_ERRORS, **errors, 404: f"{errors[404]}; {ENV_ERRORS[404].lower()}"}
+        open_paths = OPEN_PATHS | {f"{HOSTED_ENVS}{p}" for p in OPEN_PATHS}
+    return secure_service(app, settings.service_token_value, errors, open_paths)
+
+
+def _rollout_envs(
+    app: FastAPI, settings: Settings
+) -> tuple[EnvPool | EnvClient | None, str | None]:
+    """What POST /rollout steps, and the id of the pool this app hosts (or None).
+
+    Hosted (GTR_POLICY_HOSTS_ENVS): the env service's routes under /env over a pool in this
+    process, which a rollout steps with no service hop: docs/benchmarks.md, "Envs in the policy
+    service". Otherwise the env service at GTR_ENV_SERVICE_URL, with the token the others take;
+    one client for every rollout: a new httpx client costs tens of ms (its TLS context), a
+    rollout's first step paid that (docs/benchmarks.md, "One round trip a rollout step")."""
+    if settings.policy_hosts_envs:
+        pool = pool_from(settings)
+        add_env_routes(app, pool, prefix=HOSTED_ENVS)
+        return pool, pool.pool_id
+    url = settings.env_service_url
+    return (EnvClient(url, token=settings.service_token_value) if url else None), None

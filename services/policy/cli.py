@@ -89,6 +89,14 @@ def policy() -> None:
     show_default=True,
     help="Generation backend (vllm: GPU + `pip install vllm`)",
 )
+@click.option(
+    "--host-envs",
+    is_flag=True,
+    default=None,
+    help="Also serve the env service's routes under /env and step them in process in POST "
+    "/rollout (GTR_POLICY_HOSTS_ENVS; point the controller's GTR_ENV_SERVICE_URL at "
+    "<this URL>/env)",
+)
 def serve(
     model_path: Path,
     checkpoint: Path | None,
@@ -101,8 +109,10 @@ def serve(
     max_wait_ms: float,
     device: str | None,
     backend: str,
+    host_envs: bool | None,
 ) -> None:
-    """Serve POST /generate (dynamically batched), /score, /checkpoints/load, GET /healthz."""
+    """Serve POST /generate (dynamically batched), /rollout, /score, /checkpoints/load, GET
+    /healthz and /stats; with --host-envs the env service's routes too, under /env."""
     import uvicorn
 
     from services.policy.app import create_app
@@ -112,6 +122,8 @@ def serve(
     from shared.service_auth import serve_settings
 
     settings = serve_settings()  # production refuses default secrets before loading anything
+    if host_envs:
+        settings = settings.model_copy(update={"policy_hosts_envs": True})
 
     lora: dict[str, Any] = {
         "r": lora_r,

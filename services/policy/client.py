@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from services.env.client import STATUS_ERRORS, EnvServiceError
+from services.env.client import STATUS_ERRORS, EnvClient, EnvServiceError
 from services.policy.protocol import ImageLike
 from services.policy.rollout import RolloutStep
 from services.policy.schemas import (
@@ -160,6 +160,16 @@ class PolicyClient:
     def env_service(self) -> str | None:
         """The env service the service's ``POST /rollout`` steps, or None."""
         return self.stats().get("env_service")
+
+    def steps_envs_of(self, envs: EnvClient) -> bool:
+        """Whether the service's ``POST /rollout`` steps the sessions of ``envs``: it calls that
+        env service, or it hosts that pool itself (GTR_POLICY_HOSTS_ENVS; the ids tell, not
+        the URLs, which may name one host two ways)."""
+        stats = self.stats()
+        if stats.get("env_service") == envs.base_url:
+            return True
+        hosted = stats.get("env_pool")
+        return hosted is not None and hosted == envs.pool_id()
 
     def score(
         self,

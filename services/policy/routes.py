@@ -72,7 +72,8 @@ def stats(request: Request) -> Stats:
         largest_batch=s.largest_batch,
         windows=s.windows,
         checkpoint=request.app.state.checkpoint,
-        env_service=envs.base_url if (envs := request.app.state.envs) is not None else None,
+        env_service=getattr(request.app.state.envs, "base_url", None),
+        env_pool=request.app.state.env_pool,
     )
 
 
@@ -102,17 +103,23 @@ async def generate(req: GenerateRequest, request: Request) -> Response:
             "RolloutError line last when a step failed",
             "content": {"application/x-ndjson": {}},
         },
-        409: {"description": "This policy service steps no envs (GTR_ENV_SERVICE_URL unset)"},
+        409: {
+            "description": "This policy service steps no envs (GTR_ENV_SERVICE_URL unset, "
+            "GTR_POLICY_HOSTS_ENVS false)"
+        },
     },
 )
 async def rollout(req: RolloutRequest, request: Request) -> StreamingResponse:
     """Roll env sessions ``steps`` steps: generate for each session's observation (batched with
-    every other request), step the sessions through the env service, again with the
-    observations that came back. A controller spares one round trip a rollout step this way."""
+    every other request), step the sessions through the env service (or in this process, where
+    it hosts them), again with the observations that came back. A controller spares one round
+    trip a rollout step this way."""
     state = request.app.state
     if state.envs is None:
         raise HTTPException(
-            409, "this policy service steps no envs: start it with GTR_ENV_SERVICE_URL set"
+            409,
+            "this policy service steps no envs: start it with GTR_ENV_SERVICE_URL set "
+            "or GTR_POLICY_HOSTS_ENVS=true",
         )
     if len(req.sessions) != len(req.prompts):
         raise HTTPException(422, f"{len(req.sessions)} sessions for {len(req.prompts)} prompts")
@@ -144,7 +151,8 @@ async def _rollout_lines(
                 if stop.is_set():
                     return
         except Exception as e:  # the stream's last line says what failed; never a traceback
-            put(_rollout_error(e, state.envs.base_url).model_dump_json() + "\n")
+            where = getattr(state.envs, "base_url", "this process")
+            put(_rollout_error(e, where).model_dump_json() + "\n")
         finally:
             put(None)
 

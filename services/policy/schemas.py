@@ -128,6 +128,11 @@ class Stats(BaseModel):
     windows: int = Field(0, description="gathers that waited for more concurrent requests")
     checkpoint: str | None
     env_service: str | None = Field(None, description="The env service POST /rollout steps")
+    env_pool: str | None = Field(
+        None,
+        description="The id of the env pool this service hosts under /env (GTR_POLICY_HOSTS_ENVS)"
+        ", which POST /rollout steps in process",
+    )
 
 
 def encode_png(image: object) -> str:

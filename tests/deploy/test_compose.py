@@ -174,3 +174,25 @@ def test_service_urls_point_at_the_service_that_serves_them(config: dict[str, An
             target = procs[url.hostname]
             assert target.argv[: len(argv)] == argv, f"{var} -> {url.hostname} runs {target.argv}"
             assert option_value(target.argv, "--port") == str(url.port), var
+
+
+def test_envs_hosted_by_the_policy_service_as_env_example_says(config: dict[str, Any]) -> None:
+    """The two commented lines of .env.example: every process then reaches the env routes on
+    the policy service, which is told to host them."""
+    documented = read_env_file(ENV_EXAMPLE, include_commented=True)
+    hosted = {k: documented[k] for k in ("GTR_POLICY_HOSTS_ENVS", "GTR_ENV_SERVICE_URL")}
+    dotenv = {**read_env_file(ENV_EXAMPLE), **hosted}
+    procs = {
+        p.where.split(":", 1)[1]: p
+        for p in compose_processes(compose_config({**compose_variables(), **hosted}), dotenv)
+    }
+    for proc in procs.values():
+        url = urlsplit(proc.env["GTR_ENV_SERVICE_URL"])
+        target = procs[url.hostname]
+        assert target.argv[:3] == ["gtr", "policy", "serve"], target.argv
+        assert option_value(target.argv, "--port") == str(url.port) and url.path == "/env"
+        assert target.env["GTR_POLICY_HOSTS_ENVS"] == "true"
+    assert urlsplit(procs["controller"].env["GTR_ENV_SERVICE_URL"]).hostname == "policy"
+    # Without them, the env service's own URL, as before.
+    default = compose_processes(config, read_env_file(ENV_EXAMPLE))
+    assert {urlsplit(p.env["GTR_ENV_SERVICE_URL"]).hostname for p in default} == {"env"}

@@ -7,11 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from shared.db.models import Update
+from shared.db.session import session_scope
 from tests.conftest import free_ports
 from tests.e2e.helpers import ROOT, counts, tiny_config
 
@@ -42,17 +47,9 @@ def _child(parent: int, role: str) -> int:
     raise AssertionError(f"no {role} child of {parent}")
 
 
-def test_gtr_up_then_run_create_and_watch(
-    pg_url: str, redis_url: str, warm_checkpoint: Path, default_model_dir: Path, tmp_path: Path
-) -> None:
-    # A data folder of its own, but the session's model folder: `gtr up` finds its default
-    # model there instead of building it again (the build itself: tests/conftest.py).
-    env = {
-        **os.environ,
-        "GTR_DATA_DIR": str(tmp_path / "data"),
-        "GTR_MODEL_DIR": str(default_model_dir.parent),
-    }
-    port = free_ports(3)  # the API, then the env and policy services on port+1, port+2
+@contextmanager
+def _up(port: int, env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """``gtr up --port port``, once it says it is up; stopped with every service it started."""
     # Its own session: the whole process group (gtr up and every service) is stopped at the end.
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--port", str(port)],
@@ -70,6 +67,33 @@ def test_gtr_up_then_run_create_and_watch(
                 break
         assert up.poll() is None, "gtr up exited early"
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        yield up
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        # No service may outlive the test: a stray worker would take the next tests' tasks.
+        try:
+            os.killpg(up.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_gtr_up_then_run_create_and_watch(
+    pg_url: str, redis_url: str, warm_checkpoint: Path, default_model_dir: Path, tmp_path: Path
+) -> None:
+    # A data folder of its own, but the session's model folder: `gtr up` finds its default
+    # model there instead of building it again (the build itself: tests/conftest.py).
+    env = {
+        **os.environ,
+        "GTR_DATA_DIR": str(tmp_path / "data"),
+        "GTR_MODEL_DIR": str(default_model_dir.parent),
+    }
+    port = free_ports(3)  # the API, then the env and policy services on port+1, port+2
+    with _up(port, env) as up:
+        assert up.stdout is not None
         # A part killed outright is restarted, and the restarted controller drives the run below.
         os.kill(_child(up.pid, "controller"), signal.SIGKILL)
         said: list[str] = []
@@ -102,16 +126,40 @@ def test_gtr_up_then_run_create_and_watch(
             env=env,
         )
         assert bad.returncode != 0 and "401" in bad.stderr and "Traceback" not in bad.stderr
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        # No service may outlive the test: a stray worker would take the next tests' tasks.
-        try:
-            os.killpg(up.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for log in ("api", "env", "policy", "corrector", "trainer", "controller"):
         assert (tmp_path / "data" / "logs" / f"{log}.log").exists()
+
+
+def test_gtr_up_with_the_envs_in_the_policy_service(
+    pg_url: str, redis_url: str, warm_checkpoint: Path, default_model_dir: Path, tmp_path: Path
+) -> None:
+    """GTR_POLICY_HOSTS_ENVS=true: no env service is started, the env routes answer under the
+    policy service's /env, and a run launched as the README says completes through them."""
+    env = {
+        **os.environ,
+        "GTR_DATA_DIR": str(tmp_path / "data"),
+        "GTR_MODEL_DIR": str(default_model_dir.parent),
+        "GTR_POLICY_HOSTS_ENVS": "true",
+    }
+    port = free_ports(3)
+    with _up(port, env) as up:
+        with pytest.raises(AssertionError, match="no env child"):
+            _child(up.pid, "env")
+        assert httpx.get(f"http://127.0.0.1:{port + 2}/env/healthz").json()["status"] == "ok"
+        token = _gtr("token", "create", "up-hosted", env=env).stdout.strip()
+        api = ["--url", f"http://127.0.0.1:{port}", "--token", token]
+        cfg = tmp_path / "run.toml"
+        cfg.write_text(tiny_config(warm_checkpoint, envs=2, steps=2, updates=1, wait="none"))
+        created = _gtr("run", "create", str(cfg), *api, env=env)
+        assert created.returncode == 0, created.stderr
+        run_id = int(created.stdout.strip())
+        watched = _gtr("run", "watch", str(run_id), "--interval", "1", *api, env=env, timeout=400)
+        assert watched.returncode == 0, watched.stdout + watched.stderr
+        assert "completed" in watched.stdout
+        c = counts(run_id)
+        assert c["steps"] == 4 and c["dup_steps"] == 0, c
+        with session_scope() as s:
+            (metrics,) = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
+        assert metrics["time/stream_wait_s"] > 0  # the policy service's loop stepped them
+    assert not (tmp_path / "data" / "logs" / "env.log").exists()
+    assert (tmp_path / "data" / "logs" / "policy.log").exists()

@@ -16,7 +16,7 @@ from services.controller.service import is_interruption
 from services.env import EnvPool
 from services.env.app import create_app as env_app
 from services.env.client import EnvClient, EnvServiceError
-from services.env.service import SessionNotFound
+from services.env.service import EnvError, SessionNotFound
 from services.policy.app import create_app as policy_app
 from services.policy.client import PolicyClient, PolicyServiceError, ndjson_lines
 from services.policy.rollout import RolloutStep, roll
@@ -156,3 +156,49 @@ def test_a_generated_text_with_line_separators_stays_on_its_line() -> None:
         lines = [json.loads(line) for line in ndjson_lines(chunks)]
         assert [x["generations"][0]["text"] for x in lines] == [text] * 3
         assert lines[0]["results"][0]["parsed"]["thought"] is None  # not JSON: no thought
+
+
+def test_a_service_that_hosts_envs_steps_them_in_process(policy: Policy) -> None:
+    """GTR_POLICY_HOSTS_ENVS: the env routes under /env of the policy service, and a rollout
+    that steps its sessions there takes the steps ``roll`` takes in this process."""
+    app = policy_app(policy, settings=Settings(policy_hosts_envs=True))
+    with live_server(app) as url, PolicyClient(url) as client:
+        with EnvClient(f"{url}/env") as envs:
+            hosted = client.stats()
+            assert hosted["env_pool"] == envs.pool_id() and hosted["env_service"] is None
+            assert client.steps_envs_of(envs)
+            sids, images, prompts = _open(envs, 2)
+            remote = list(client.rollout(sids, images, prompts, 3, GREEDY))
+            # The env routes answer bad input as the env service does, through this service.
+            with pytest.raises(EnvError, match="422: .*Input should be 'numberline'"):
+                envs.create("nope")
+            with pytest.raises(SessionNotFound, match="unknown session"):
+                list(client.rollout([sids[0], "no-such"], images, prompts, 1, GREEDY))
+        # Another env service's sessions are not this pool's: the controller keeps its own loop.
+        with live_server(env_app(EnvPool(), settings=Settings())) as other:
+            with EnvClient(other) as elsewhere:
+                assert not client.steps_envs_of(elsewhere)
+    pool = EnvPool()
+    local = list(roll(policy, pool, *_open(pool, 2), 3, GREEDY))
+    for r, lo in zip(remote, local, strict=True):
+        assert [g.token_ids for g in r.generations] == [g.token_ids for g in lo.generations]
+        assert [x.reward for x in r.results] == [x.reward for x in lo.results]
+        for a, b in zip(r.results, lo.results, strict=True):
+            assert np.array_equal(a.observation.image, b.observation.image)
+        assert r.env_s > 0
+
+
+def test_hosted_envs_take_the_service_token_and_leave_the_probe_open(policy: Policy) -> None:
+    settings = Settings(policy_hosts_envs=True, service_token="s3cret-token")
+    with live_server(policy_app(policy, settings=settings)) as url:
+        assert httpx.get(f"{url}/env/healthz").status_code == 200  # a pod's probe
+        refused = httpx.post(f"{url}/env/envs", json={"task": "numberline"})
+        assert refused.status_code == 401 and "GTR_SERVICE_TOKEN" in refused.json()["detail"]
+        with EnvClient(f"{url}/env", token="s3cret-token") as envs:
+            sid = envs.create("numberline", {"image_size": 64}, seed=1)
+            # A crafted task name is refused as any other unknown one: a JSON detail, a 422.
+            with pytest.raises(EnvError, match="422: .*Input should be 'numberline'"):
+                envs.create('"><script>alert(1)</script>')
+            assert envs.describe(sid)["task"] == "numberline"  # what was open stays open
+        docs = httpx.get(f"{url}/openapi.json", headers={"Authorization": "Bearer s3cret-token"})
+        assert "/env/envs/step" in docs.json()["paths"]

@@ -1,0 +1,53 @@
+"""A run whose envs the policy service hosts (GTR_POLICY_HOSTS_ENVS): the controller reaches the
+env routes under the policy service's /env, and its rollout steps go through the policy
+service's own loop, which steps those sessions in process."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from services.api.service import create_run
+from services.controller.backends import InProcessTrainer
+from services.controller.service import RunDriver
+from services.env.client import EnvClient
+from services.policy.app import create_app as policy_app
+from services.policy.client import PolicyClient
+from services.policy.service import Policy
+from shared.db.models import Update
+from shared.db.session import session_scope
+from shared.schemas import RunConfig
+from shared.settings import Settings
+from tests.conftest import live_server
+from tests.e2e.helpers import counts, tiny_config
+
+
+@pytest.mark.slow  # a whole (tiny) run through a service
+def test_a_run_steps_the_envs_its_policy_service_hosts(pg_url: str, warm_checkpoint: Path) -> None:
+    cfg = RunConfig.model_validate(
+        tomllib.loads(tiny_config(warm_checkpoint, envs=3, steps=3, updates=2, wait="none"))
+    )
+    with session_scope() as s:
+        run_id = create_run(s, cfg, "hosted-envs").id
+    base = json.loads((warm_checkpoint / "policy.json").read_text())["base_model"]
+    app = policy_app(Policy.load(base), settings=Settings(policy_hosts_envs=True))
+    with live_server(app) as url, PolicyClient(url) as policy, EnvClient(f"{url}/env") as envs:
+        driver = RunDriver(run_id, envs, policy, None, InProcessTrainer())
+        assert driver.run() == "completed"
+        stats = policy.stats()
+        open_after = envs.pool_id(), len(app.state.envs)
+    c = counts(run_id)
+    assert c["steps"] == c["env_steps"] == 3 * 3 * 2 and c["dup_steps"] == 0, c
+    assert stats["samples"] >= 18  # the run's generations went through the service
+    assert open_after == (stats["env_pool"], 0)  # the run closed what it opened there
+    with session_scope() as s:
+        rows = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
+    assert len(rows) == 2
+    for metrics in rows:
+        assert metrics["trained"]
+        # The service's loop ran each rollout (its stream was waited on), and stepped in process.
+        assert metrics["time/stream_wait_s"] > 0 and metrics["time/env_s"] > 0
