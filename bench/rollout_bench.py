@@ -1,11 +1,13 @@
 """The rollout loop alone, per rollout step: in this process, through the services with two
-round trips a step, and through the policy service's own loop (``POST /rollout``).
+round trips a step, through the policy service's own loop (``POST /rollout``), and through that
+loop where the policy service hosts the envs itself (``--host-envs``: no hop at all).
 
     GTR_TORCH_THREADS=1 .venv/bin/python bench/rollout_bench.py [--envs 8] [--steps 8]
                                                                [--rounds 10] [--new-tokens 40]
 
 ``gtr env serve`` and ``gtr policy serve`` run as child processes (the policy service told of the
-env service, as ``gtr up`` does), on a tiny model built here; the embedded loop runs the same
+env service, as ``gtr up`` does), and a second ``gtr policy serve --host-envs``, on a tiny model
+built here; the embedded loop runs the same
 model folder in this process over an ``EnvPool``. The model is untrained, so nearly every
 response runs to ``--new-tokens`` and every mode decodes the same number of tokens a step: no
 sampling luck between modes. Each round runs a ``--steps`` rollout in every mode (rotated order,
@@ -32,7 +34,8 @@ import click
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MODES = ("embedded", "two round trips", "policy service's loop")
+MODES = ("embedded", "two round trips", "policy service's loop", "envs in the policy service")
+LOOPS = MODES[2:]  # the modes that run POST /rollout
 
 
 def _serve(cmd: list[str], url: str, env: dict[str, str]) -> subprocess.Popen:
@@ -70,7 +73,7 @@ def main(envs: int, steps: int, rounds: int, new_tokens: int) -> None:
 
     out = Path(tempfile.mkdtemp(prefix="gtr-rollout-bench-"))
     model = build_tiny(out, "llava", "1m", corpus=sample_corpus())
-    env_url, policy_url = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    env_url, policy_url, hosted_url = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
     child_env = {
         **os.environ,
         "GTR_TORCH_THREADS": os.environ.get("GTR_TORCH_THREADS", "1"),
@@ -83,28 +86,38 @@ def main(envs: int, steps: int, rounds: int, new_tokens: int) -> None:
             policy_url,
             child_env,
         ),
+        _serve(
+            ["policy", "serve", "--host-envs", "--model", str(model)]
+            + ["--port", hosted_url.rsplit(":", 1)[1]],
+            hosted_url,
+            child_env,
+        ),
     ]
     try:
         local, pool = Policy.load(model), EnvPool()
         remote_envs, remote = EnvClient(env_url), PolicyClient(policy_url)
+        hosted_envs, hosted = EnvClient(f"{hosted_url}/env"), PolicyClient(hosted_url)
+        envs_of = {MODES[0]: pool, MODES[1]: remote_envs, MODES[2]: remote_envs}
+        envs_of[MODES[3]] = hosted_envs
+        loops = {MODES[2]: remote, MODES[3]: hosted}
         params: dict[str, Any] = {"max_new_tokens": new_tokens}
         # Each mode keeps its own sessions (an episode goes on from round to round).
         state: dict[str, list[Any]] = {}
         for mode in MODES:
-            envs_of = pool if mode == "embedded" else remote_envs
-            sids = [envs_of.create("numberline", {"image_size": 64}, seed=i) for i in range(envs)]
-            state[mode] = [sids, [envs_of.reset(s) for s in sids]]
+            where = envs_of[mode]
+            sids = [where.create("numberline", {"image_size": 64}, seed=i) for i in range(envs)]
+            state[mode] = [sids, [where.reset(s) for s in sids]]
         ms: dict[str, list[float]] = {m: [] for m in MODES}
         parts: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
         for r in range(rounds):
-            for mode in MODES[r % 3 :] + MODES[: r % 3]:
+            for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
                 sids, obs = state[mode]
                 images, prompts = [o.image for o in obs], [o.prompt for o in obs]
                 time.sleep(0.3)
                 t0 = time.perf_counter()
                 done: list[RolloutStep] = []
-                if mode == "policy service's loop":
-                    done = list(remote.rollout(sids, images, prompts, steps, params))
+                if mode in LOOPS:
+                    done = list(loops[mode].rollout(sids, images, prompts, steps, params))
                 else:
                     policy, stepped = (local, pool) if mode == "embedded" else (remote, remote_envs)
                     for _ in range(steps):
