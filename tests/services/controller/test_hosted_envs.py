@@ -5,6 +5,7 @@ service's own loop, which steps those sessions in process."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def test_a_run_steps_the_envs_its_policy_service_hosts(pg_url: str, warm_checkpo
 
 @pytest.mark.slow  # a whole (tiny) run, and a policy service started twice
 def test_a_restarted_policy_service_takes_its_sessions_and_the_run_goes_on(
-    pg_url: str, warm_checkpoint: Path, tmp_path: Path
+    pg_url: str, warm_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The sessions die with the process that hosts them: kill -9 the policy service mid-run and
     start it again; the controller rides it out (new sessions, the last checkpoint reloaded) and
@@ -86,6 +87,7 @@ def test_a_restarted_policy_service_takes_its_sessions_and_the_run_goes_on(
         return proc
 
     proc = start()
+    caplog.set_level(logging.WARNING, logger="gtr.controller")
     ended: list[str] = []
     with PolicyClient(url) as policy, EnvClient(f"{url}/env") as envs:
         driver = RunDriver(run_id, envs, policy, None, InProcessTrainer(), outage_s=120)
@@ -107,3 +109,5 @@ def test_a_restarted_policy_service_takes_its_sessions_and_the_run_goes_on(
     c = counts(run_id)
     assert c["steps"] == c["env_steps"] == E * S * U and c["dup_steps"] == 0, c
     assert c["checkpoints"] == U, c
+    said = [r.getMessage() for r in caplog.records if r.name == "gtr.controller"]
+    assert any("interrupted (1 of" in m for m in said), said  # the kill landed mid-run
