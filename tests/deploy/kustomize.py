@@ -1,7 +1,9 @@
 """A small kustomize renderer for what `k8s/` uses: tests see what `kubectl apply -k` sends.
 
-Supported, in kustomize's order: resources (files, directories), secretGenerator (envs, literals;
-behavior create/replace/merge; disableNameSuffixHash only), patches (a file or inline patch:
+Supported, in kustomize's order: resources (files, directories), components (a ``kind:
+Component`` folder's resources and patches, applied to what the resources gave),
+secretGenerator (envs, literals; behavior create/replace/merge; disableNameSuffixHash only),
+patches (a file or inline patch:
 strategic merge with null deletion, `$patch: delete` and list merge by key; JSON 6902 with a
 target), namespace, labels (pairs, includeTemplates; StatefulSet volumeClaimTemplates are left
 unlabelled), replicas, images. Anything else raises ``Unsupported`` rather than rendering
@@ -24,6 +26,7 @@ KNOWN_FIELDS = {
     "apiVersion",
     "kind",
     "resources",
+    "components",
     "secretGenerator",
     "patches",
     "namespace",
@@ -53,6 +56,10 @@ WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 SCALABLE = {"Deployment", "StatefulSet", "ReplicaSet"}
 
 
+# What a Component (kustomize.config.k8s.io/v1alpha1) may hold here.
+COMPONENT_FIELDS = {"apiVersion", "kind", "resources", "patches"}
+
+
 class Unsupported(ValueError):
     """A kustomization uses something this renderer does not implement."""
 
@@ -60,13 +67,14 @@ class Unsupported(ValueError):
 def render(directory: Path) -> list[Resource]:
     """Render the kustomization in ``directory`` (recursively through its resources)."""
     kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    if kust.get("kind") == "Component":
+        raise Unsupported(f"{directory}: a Component is applied through components:, not alone")
     unknown = set(kust) - KNOWN_FIELDS
     if unknown:
         raise Unsupported(f"{directory}: kustomization fields {sorted(unknown)}")
-    resources: list[Resource] = []
-    for ref in kust.get("resources", []):
-        path = directory / ref
-        resources += render(path) if path.is_dir() else load_documents(path)
+    resources = _resources(directory, kust)
+    for ref in kust.get("components", []):
+        resources = _apply_component(directory / ref, resources)
     for gen in kust.get("secretGenerator", []):
         resources = _generate_secret(directory, gen, resources)
     for entry in kust.get("patches", []):
@@ -83,6 +91,28 @@ def render(directory: Path) -> list[Resource]:
     for entry in kust.get("images", []):
         _set_image(entry, resources)
     _check_unique(resources)
+    return resources
+
+
+def _resources(directory: Path, kust: dict[str, Any]) -> list[Resource]:
+    resources: list[Resource] = []
+    for ref in kust.get("resources", []):
+        path = directory / ref
+        resources += render(path) if path.is_dir() else load_documents(path)
+    return resources
+
+
+def _apply_component(directory: Path, resources: list[Resource]) -> list[Resource]:
+    """A Component's resources added to ``resources``, then its patches applied to them all."""
+    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    if kust.get("kind") != "Component":
+        raise ValueError(f"{directory}: components: names a folder whose kind is not Component")
+    unknown = set(kust) - COMPONENT_FIELDS
+    if unknown:
+        raise Unsupported(f"{directory}: component fields {sorted(unknown)}")
+    resources = resources + _resources(directory, kust)
+    for entry in kust.get("patches", []):
+        resources = _apply_patch_entry(directory, entry, resources)
     return resources
 
 

@@ -4,18 +4,23 @@ at run time: selectors, references, ports, probes, GPUs, autoscaling and pod sec
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.deploy.kustomize import Resource, pod_specs, render
 from tests.deploy.manifests import (
     K8S,
+    OPERATOR_FILES,
     OVERLAYS,
     container_env,
     find,
+    k8s_processes,
     option_value,
     render_overlay,
     settings_for,
@@ -262,3 +267,39 @@ def test_base_dev_secret_cannot_run_in_production(monkeypatch: pytest.MonkeyPatc
     api = _deployment(base, "api")["spec"]["template"]["spec"]["containers"][0]
     with pytest.raises(ValueError, match="GTR_SECRET_KEY must be set"):
         settings_for(container_env(base, api), monkeypatch)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_hosted_envs_component_points_every_process_at_the_policy_service(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k8s/components/hosted-envs added to an overlay, as its comment says: every process reaches
+    the env routes at the policy service's /env, the policy service is told to host them, and
+    its Service keeps a client on the pod that holds its sessions."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    for target, example in OPERATOR_FILES.items():
+        shutil.copy(copy / example, copy / target)
+    kustomization = copy / "overlays" / overlay / "kustomization.yaml"
+    kust = yaml.safe_load(kustomization.read_text())
+    kust["components"] = ["../../components/hosted-envs"]
+    kustomization.write_text(yaml.safe_dump(kust))
+    resources = render(copy / "overlays" / overlay)
+    for res in resources:
+        kubernetes_validate.validate(res, K8S_VERSIONS[-1], strict=True)
+    policy = find(resources, "Service", "gtr-policy")
+    assert policy["spec"]["sessionAffinity"] == "ClientIP"
+    policy_port = _deployment(resources, "policy")["spec"]["template"]["spec"]["containers"][0]
+    procs = k8s_processes(resources, overlay)
+    assert procs
+    for proc in procs:
+        url = urlsplit(proc.env["GTR_ENV_SERVICE_URL"])
+        assert url.hostname == "gtr-policy" and url.path == "/env", proc.where
+        assert url.port in [p["port"] for p in policy["spec"]["ports"]], proc.where
+        assert str(url.port) == option_value(policy_port["command"], "--port"), proc.where
+        assert settings_for(proc.env, monkeypatch).policy_hosts_envs, proc.where
+    # The overlay as shipped still points at the env service.
+    shipped = render_overlay(overlay, tmp_path / "shipped")
+    assert find(shipped, "ConfigMap", "gtr-config")["data"]["GTR_ENV_SERVICE_URL"].startswith(
+        "http://gtr-env:"
+    )

@@ -129,6 +129,49 @@ def test_delete_patch_json6902_images_replicas_labels_namespace(base: Path, tmp_
     assert [c["image"] for c in spec["template"]["spec"]["containers"]] == ["r.io/web:9", "other:3"]
 
 
+def test_a_component_adds_and_patches_before_the_overlays_own_transformers(
+    base: Path, tmp_path: Path
+) -> None:
+    """kustomize applies components after the resources and before the kustomization's own
+    patches and transformers: the component's patch sees the base, the namespace covers what
+    the component added."""
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {}}
+    _write(
+        tmp_path / "comp",
+        {
+            "kustomization.yaml": {
+                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+                "kind": "Component",
+                "resources": ["c.yaml"],
+                "patches": [{"path": "p.yaml"}],
+            },
+            "c.yaml": config,
+            "p.yaml": {**SECRET, "stringData": {"NEW": "2"}},
+        },
+    )
+    overlay = _write(
+        tmp_path / "o",
+        {
+            "kustomization.yaml": {
+                "resources": ["../base"],
+                "components": ["../comp"],
+                "namespace": "ns",
+                "patches": [{"path": "later.yaml"}],
+            },
+            "later.yaml": {**SECRET, "stringData": {"NEW": "3"}},
+        },
+    )
+    out = {r["kind"]: r for r in render(overlay)}
+    assert out["Secret"]["stringData"] == {"OLD": "1", "NEW": "3"}  # the overlay's patch last
+    assert out["ConfigMap"]["metadata"] == {"name": "c", "namespace": "ns"}
+    assert out["Deployment"]["metadata"]["namespace"] == "ns"
+    with pytest.raises(Unsupported, match="Component"):
+        render(tmp_path / "comp")  # a component is not a kustomization of its own
+    wrong = _write(tmp_path / "w", {"kustomization.yaml": {"components": ["../base"]}})
+    with pytest.raises(ValueError, match="not Component"):
+        render(wrong)
+
+
 def test_secret_generator_replaces_the_secret(base: Path, tmp_path: Path) -> None:
     overlay = _write(
         tmp_path / "o",
