@@ -67,7 +67,8 @@ def create_app(
     open_paths = OPEN_PATHS
     if app.state.env_pool is not None:
         errors = {**ENV_ERRORS, **errors, 404: f"{errors[404]}; {ENV_ERRORS[404].lower()}"}
-        open_paths = OPEN_PATHS | {f"{HOSTED_ENVS}{p}" for p in OPEN_PATHS}
+        # The env routes' probe; their requests show in this service's own /metrics.
+        open_paths = OPEN_PATHS | {f"{HOSTED_ENVS}/healthz"}
     return secure_service(app, settings.service_token_value, errors, open_paths)
 
 
