@@ -211,20 +211,20 @@ def full_stack(
         (Path(cfg.split('checkpoint = "')[1].split('"')[0]) / "policy.json").read_text()
     )["base_model"]
     gtr = [sys.executable, "-m", "services.cli"]
-    cmds = [
-        ["policy", "serve", "--model", base, "--port", str(ports[2])],
-        ["worker", "corrector"],
-        ["worker", "trainer"],
-        ["controller", "--poll", "0.5"],
-    ]
+    cmds = {
+        "policy": ["policy", "serve", "--model", base, "--port", str(ports[2])],
+        "corrector": ["worker", "corrector"],
+        "trainer": ["worker", "trainer"],
+        "controller": ["controller", "--poll", "0.5"],
+    }
     if not hosted:  # else the policy service serves the env routes
-        cmds.append(["env", "serve", "--port", str(ports[1])])
-    procs = [
-        subprocess.Popen(
+        cmds["env"] = ["env", "serve", "--port", str(ports[1])]
+    procs = {
+        name: subprocess.Popen(
             [*gtr, *c], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        for c in cmds
-    ]
+        for name, c in cmds.items()
+    }
     try:
         import tomllib
 
@@ -234,8 +234,8 @@ def full_stack(
         from shared.db.session import session_scope
         from shared.schemas import RunConfig
 
-        _wait_healthy("policy service", policy_url, procs[0], timeout_s=300)
-        env_proc = procs[0] if hosted else procs[-1]
+        _wait_healthy("policy service", policy_url, procs["policy"], timeout_s=300)
+        env_proc = procs.get("env", procs["policy"])
         _wait_healthy("env service", env["GTR_ENV_SERVICE_URL"], env_proc, timeout_s=300)
         with session_scope(db) as s:
             run_id = create_run(s, RunConfig.model_validate(tomllib.loads(cfg)), "default").id
@@ -251,9 +251,9 @@ def full_stack(
             raise RuntimeError(f"full-stack bench run ended {status}")
         return speed(db, label)
     finally:
-        for p in procs:
+        for p in procs.values():
             p.terminate()
-        for p in procs:
+        for p in procs.values():
             p.wait(timeout=30)
 
 

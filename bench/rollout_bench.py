@@ -7,13 +7,13 @@ loop where the policy service hosts the envs itself (``--host-envs``: no hop at 
 
 ``gtr env serve`` and ``gtr policy serve`` run as child processes (the policy service told of the
 env service, as ``gtr up`` does), and a second ``gtr policy serve --host-envs``, on a tiny model
-built here; the embedded loop runs the same
-model folder in this process over an ``EnvPool``. The model is untrained, so nearly every
-response runs to ``--new-tokens`` and every mode decodes the same number of tokens a step: no
-sampling luck between modes. Each round runs a ``--steps`` rollout in every mode (rotated order,
-a 0.3 s pause before each, as an update leaves the processes idle); a ratio is the median of the
-per-round ratios. It also prints where each mode's step goes, as the run driver's stage clock
-would: generation and env step, timed where they ran (``RolloutStep``).
+built here; the embedded loop runs the same model folder in this process over an ``EnvPool``. The
+model is untrained, so nearly every response runs to ``--new-tokens`` and every mode decodes the
+same number of tokens a step: no sampling luck between modes. Each round runs a ``--steps``
+rollout in every mode (rotated order, a 0.3 s pause before each, as an update leaves the
+processes idle); a ratio is the median of the per-round ratios. It also prints where each mode's
+step goes, as the run driver's stage clock would: generation and env step, timed where they ran
+(``RolloutStep``).
 
 What the pipeline bench (``bench/pipeline_bench.py``) measures with whole runs, recorder,
 corrector and trainer included, this measures without them: the hops between services alone.
@@ -97,9 +97,9 @@ def main(envs: int, steps: int, rounds: int, new_tokens: int) -> None:
         local, pool = Policy.load(model), EnvPool()
         remote_envs, remote = EnvClient(env_url), PolicyClient(policy_url)
         hosted_envs, hosted = EnvClient(f"{hosted_url}/env"), PolicyClient(hosted_url)
-        envs_of = {MODES[0]: pool, MODES[1]: remote_envs, MODES[2]: remote_envs}
-        envs_of[MODES[3]] = hosted_envs
-        loops = {MODES[2]: remote, MODES[3]: hosted}
+        # Each mode's policy and envs; the last two run the policy service's loop.
+        envs_of = dict(zip(MODES, (pool, remote_envs, remote_envs, hosted_envs), strict=True))
+        policy_of = dict(zip(MODES, (local, remote, remote, hosted), strict=True))
         params: dict[str, Any] = {"max_new_tokens": new_tokens}
         # Each mode keeps its own sessions (an episode goes on from round to round).
         state: dict[str, list[Any]] = {}
@@ -116,10 +116,10 @@ def main(envs: int, steps: int, rounds: int, new_tokens: int) -> None:
                 time.sleep(0.3)
                 t0 = time.perf_counter()
                 done: list[RolloutStep] = []
+                policy, stepped = policy_of[mode], envs_of[mode]
                 if mode in LOOPS:
-                    done = list(loops[mode].rollout(sids, images, prompts, steps, params))
+                    done = list(policy.rollout(sids, images, prompts, steps, params))
                 else:
-                    policy, stepped = (local, pool) if mode == "embedded" else (remote, remote_envs)
                     for _ in range(steps):
                         done.append(rollout_step(policy, stepped, sids, images, prompts, params))
                         images = [x.observation.image for x in done[-1].results]

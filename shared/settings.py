@@ -17,6 +17,10 @@ DEV_SERVICE_TOKEN = "dev-insecure-service-token-change-me"
 MIN_SECRET_CHARS = 32  # production: GTR_SECRET_KEY and GTR_SERVICE_TOKEN at least this long
 
 
+# Where a policy service that hosts envs (``policy_hosts_envs``) serves the env service's routes.
+HOSTED_ENVS = "/env"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GTR_", env_file=".env", extra="ignore")
 

@@ -20,8 +20,7 @@ from pathlib import Path
 import click
 import httpx
 
-from services.env.app import HOSTED_ENVS
-from shared.settings import Settings, get_settings
+from shared.settings import HOSTED_ENVS, Settings, get_settings
 
 
 def default_model() -> Path:

@@ -19,9 +19,6 @@ _STATUS: dict[type[Exception], int] = {
 }
 
 
-# Where a policy service that hosts envs serves these routes (GTR_POLICY_HOSTS_ENVS).
-HOSTED_ENVS = "/env"
-
 # What each error status means, for the OpenAPI document of any app that serves these routes.
 ERRORS = {
     404: "Unknown or expired session",
@@ -44,7 +41,7 @@ def create_app(pool: EnvPool | None = None, settings: Settings | None = None) ->
 
 def add_env_routes(app: FastAPI, pool: EnvPool, prefix: str = "") -> None:
     """The env service's routes over ``pool`` on ``app``, under ``prefix``: the env service's
-    own app, or a policy service that hosts envs (``HOSTED_ENVS``)."""
+    own app, or a policy service that hosts envs (``shared.settings.HOSTED_ENVS``)."""
     app.state.pool = pool
     app.include_router(router, prefix=prefix)
     for exc, status in _STATUS.items():

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from services.env.app import ERRORS as ENV_ERRORS
-from services.env.app import HOSTED_ENVS, add_env_routes, pool_from
+from services.env.app import add_env_routes, pool_from
 from services.env.client import EnvClient
 from services.env.service import EnvPool
 from services.policy.batching import Batcher
 from services.policy.routes import router
 from shared.observe import install as install_metrics
 from shared.service_auth import OPEN_PATHS, secure_service
-from shared.settings import Settings, get_settings
+from shared.settings import HOSTED_ENVS, Settings, get_settings
 
 if TYPE_CHECKING:
     from services.policy.service import Policy
@@ -56,7 +56,7 @@ def create_app(
     app.state.max_response_tokens = max_response_tokens
     app.state.checkpoint = checkpoint
     app.state.checkpoint_roots = [settings.checkpoints_path, *settings.checkpoint_roots]
-    app.state.envs, app.state.env_pool = _rollout_envs(app, settings)
+    app.state.envs = _rollout_envs(app, settings)
     app.include_router(router)
     install_metrics(app, "policy")
     errors = {
@@ -65,17 +65,15 @@ def create_app(
         422: "Validation error",
     }
     open_paths = OPEN_PATHS
-    if app.state.env_pool is not None:
+    if isinstance(app.state.envs, EnvPool):
         errors = {**ENV_ERRORS, **errors, 404: f"{errors[404]}; {ENV_ERRORS[404].lower()}"}
         # The env routes' probe; their requests show in this service's own /metrics.
         open_paths = OPEN_PATHS | {f"{HOSTED_ENVS}/healthz"}
     return secure_service(app, settings.service_token_value, errors, open_paths)
 
 
-def _rollout_envs(
-    app: FastAPI, settings: Settings
-) -> tuple[EnvPool | EnvClient | None, str | None]:
-    """What POST /rollout steps, and the id of the pool this app hosts (or None).
+def _rollout_envs(app: FastAPI, settings: Settings) -> EnvPool | EnvClient | None:
+    """What POST /rollout steps.
 
     Hosted (GTR_POLICY_HOSTS_ENVS): the env service's routes under /env over a pool in this
     process, which a rollout steps with no service hop: docs/benchmarks.md, "Envs in the policy
@@ -85,6 +83,6 @@ def _rollout_envs(
     if settings.policy_hosts_envs:
         pool = pool_from(settings)
         add_env_routes(app, pool, prefix=HOSTED_ENVS)
-        return pool, pool.pool_id
+        return pool
     url = settings.env_service_url
-    return (EnvClient(url, token=settings.service_token_value) if url else None), None
+    return EnvClient(url, token=settings.service_token_value) if url else None

@@ -157,10 +157,6 @@ class PolicyClient:
         if done < steps:  # the service went away between two lines
             raise PolicyServiceError(f"/rollout ended after {done} of {steps} steps", 502)
 
-    def env_service(self) -> str | None:
-        """The env service the service's ``POST /rollout`` steps, or None."""
-        return self.stats().get("env_service")
-
     def steps_envs_of(self, envs: EnvClient) -> bool:
         """Whether the service's ``POST /rollout`` steps the sessions of ``envs``: it calls that
         env service, or it hosts that pool itself (GTR_POLICY_HOSTS_ENVS; the ids tell, not

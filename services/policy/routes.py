@@ -13,8 +13,9 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 from PIL import Image
 
-from services.env.client import STATUS_ERRORS, EnvServiceError
+from services.env.client import STATUS_ERRORS, EnvClient, EnvServiceError
 from services.env.schemas import StepOut
+from services.env.service import EnvPool
 from services.policy.batching import BatchedPolicy
 from services.policy.rollout import RolloutStep, roll
 from services.policy.schemas import (
@@ -64,7 +65,7 @@ def healthz(request: Request) -> dict[str, Any]:
 @router.get("/stats", response_model=Stats)
 def stats(request: Request) -> Stats:
     """Batching counters: model calls, requests, samples, largest batch."""
-    s = request.app.state.batcher.stats
+    s, envs = request.app.state.batcher.stats, request.app.state.envs
     return Stats(
         batches=s.batches,
         requests=s.requests,
@@ -72,8 +73,8 @@ def stats(request: Request) -> Stats:
         largest_batch=s.largest_batch,
         windows=s.windows,
         checkpoint=request.app.state.checkpoint,
-        env_service=getattr(request.app.state.envs, "base_url", None),
-        env_pool=request.app.state.env_pool,
+        env_service=envs.base_url if isinstance(envs, EnvClient) else None,
+        env_pool=envs.pool_id if isinstance(envs, EnvPool) else None,
     )
 
 

@@ -55,7 +55,7 @@ def test_the_service_takes_the_steps_the_controllers_loop_takes(
     """Greedy decoding: the same deals give the same outputs, rewards and next observations
     through POST /rollout as through ``roll`` in this process over a local EnvPool."""
     with EnvClient(services["env"]) as envs, PolicyClient(services["policy"]) as client:
-        assert client.env_service() == envs.base_url
+        assert client.stats()["env_service"] == envs.base_url
         sids, images, prompts = _open(envs, 3)
         remote = list(client.rollout(sids, images, prompts, 4, GREEDY))
     pool = EnvPool()
@@ -97,7 +97,7 @@ def test_a_step_that_fails_raises_what_the_call_would_have(services: dict[str, s
 def test_without_an_env_service_or_with_one_down(policy: Policy) -> None:
     images, prompts = [np.zeros((64, 64, 3), np.uint8)], ["current number 3, target 5"]
     with live_server(policy_app(policy, settings=Settings())) as url, PolicyClient(url) as client:
-        assert client.env_service() is None
+        assert client.stats()["env_service"] is None
         with pytest.raises(PolicyServiceError, match="GTR_ENV_SERVICE_URL") as e:
             list(client.rollout(["s"], images, prompts, 1, GREEDY))
         assert e.value.status_code == 409
