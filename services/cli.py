@@ -51,6 +51,12 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Exception as e:
+            from pydantic import ValidationError  # on the error path only: `gtr --help` stays fast
+
+            if isinstance(e, ValidationError) and e.title == "Settings":  # a GTR_ variable
+                from shared.settings import settings_errors
+
+                raise click.ClickException(f"bad settings: {settings_errors(e)}") from None
             # A database that is down or misconfigured is a user-facing condition, not a bug.
             if (
                 type(e).__module__.startswith("sqlalchemy")

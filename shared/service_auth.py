@@ -177,11 +177,9 @@ def serve_settings() -> Any:
     import click
     from pydantic import ValidationError
 
-    from shared.settings import get_settings
+    from shared.settings import get_settings, settings_errors
 
     try:
         return get_settings()
     except ValidationError as e:
-        raise click.ClickException(
-            "; ".join(str(err.get("msg", "")).removeprefix("Value error, ") for err in e.errors())
-        ) from e
+        raise click.ClickException(settings_errors(e)) from e

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_SECRET = "dev-insecure-secret-change-me"
@@ -190,3 +190,14 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_errors(e: ValidationError) -> str:
+    """What is wrong with the settings, each by its variable: ``GTR_X: why; ...`` (a check of
+    the whole set, such as production's secrets, has no one variable)."""
+    parts = []
+    for err in e.errors():
+        why = str(err.get("msg", "")).removeprefix("Value error, ")
+        loc = err.get("loc") or ()
+        parts.append(f"GTR_{str(loc[0]).upper()}: {why}" if loc else why)
+    return "; ".join(parts)

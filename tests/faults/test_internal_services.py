@@ -5,6 +5,8 @@ and the production check in every `serve` command. Real uvicorn servers and proc
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -166,3 +168,24 @@ def test_every_serve_command_refuses_production_without_secrets(
     assert result.exit_code != 0 and not started, result.output
     assert "GTR_SECRET_KEY must be set" in result.output, result.output
     assert not isinstance(result.exception, ValueError), result.exception  # a message, no trace
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["up"], ["train", "configs/numberline-tiny.toml"], ["policy", "serve", "--model", "."]],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_setting_that_does_not_parse_is_named_not_traced(args: list[str]) -> None:
+    """A GTR_ variable the settings cannot read stops any command with its name and why."""
+    env = {**os.environ, "GTR_POLICY_HOSTS_ENVS": "maybe", "GTR_ENV_MAX_SESSIONS": "lots"}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "GTR_POLICY_HOSTS_ENVS: Input should be a valid boolean" in done.stderr, done.stderr
+    assert "GTR_ENV_MAX_SESSIONS: Input should be a valid integer" in done.stderr, done.stderr
