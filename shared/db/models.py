@@ -38,6 +38,7 @@ NAMING = {
 
 RUN_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+STUDY_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
 
 def utcnow() -> datetime:
@@ -94,6 +95,12 @@ class Corrector(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    # One run per study cell and attempt: two launchers of one study cannot both create it.
+    __table_args__ = (
+        UniqueConstraint(
+            "study_id", "study_task", "study_arm", "study_seed", "study_variant", "study_attempt"
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -120,8 +127,54 @@ class Run(Base):
     phase_step: Mapped[int | None] = mapped_column(Integer)  # k of phase_total, e.g. a chunk
     phase_total: Mapped[int | None] = mapped_column(Integer)
     phase_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # phase began
+    # The study cell this run belongs to (services/study); all None for a run of its own.
+    study_id: Mapped[int | None] = mapped_column(
+        ForeignKey("studies.id", ondelete="SET NULL"), index=True
+    )
+    study_task: Mapped[str | None] = mapped_column(String(100))  # the study's task name
+    study_arm: Mapped[str | None] = mapped_column(String(100))
+    study_seed: Mapped[int | None] = mapped_column(Integer)
+    study_variant: Mapped[str | None] = mapped_column(String(100))  # "" when the study has none
+    study_attempt: Mapped[int | None] = mapped_column(Integer)  # 1, or 2 for the one retry
 
     updates: Mapped[list[Update]] = relationship(back_populates="run", order_by="Update.idx")
+
+
+class Study(Base):
+    """A grid of runs (tasks x arms x seeds x variants) judged by one primary metric declared
+    before any run started; the runs point back here through `runs.study_id`."""
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    team: Mapped[str] = mapped_column(String(100), default="default", index=True)  # as Run.team
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated study file (StudyConfig)
+    # The primary metric's key (e.g. "eval/success_rate"), frozen at creation; its reduction
+    # ("final" | "last_k_mean") is in spec["primary"].
+    primary_metric: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
+    concurrency: Mapped[int] = mapped_column(Integer, default=1)  # runs in flight at once
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
+class EvalOutcome(Base):
+    """One deal of one greedy evaluation: deal k is the same deal in every run of a task."""
+
+    __tablename__ = "eval_outcomes"
+    __table_args__ = (UniqueConstraint("run_id", "update_idx", "deal"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    update_idx: Mapped[int] = mapped_column(Integer)
+    deal: Mapped[int] = mapped_column(Integer)  # index in the evaluation set, 0..N-1
+    seed: Mapped[int] = mapped_column(BigInteger)  # the env seed the deal was reset with
+    success: Mapped[bool] = mapped_column(Boolean)
+    episode_return: Mapped[float] = mapped_column(Float)
+    episode_length: Mapped[int] = mapped_column(Integer)
 
 
 class Update(Base):

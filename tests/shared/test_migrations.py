@@ -18,6 +18,8 @@ TABLES = {
     "checkpoints",
     "correctors",
     "api_tokens",
+    "studies",
+    "eval_outcomes",
 }
 
 

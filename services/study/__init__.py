@@ -1,0 +1,1 @@
+"""Studies: a grid of runs judged by statistics (docs/studies.md)."""

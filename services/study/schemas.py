@@ -1,0 +1,287 @@
+"""The study file: a grid of runs (tasks x arms x variants x seeds) and the metric that judges it.
+
+A study file is TOML, validated field by field like a run config (a clear message naming the
+field). Each task names a base run config; an arm or a variant is an overlay of it (a partial
+run config merged key by key). The primary metric, and how a run's curve is reduced to one
+score, is declared here before any run starts and frozen with the study.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shared.config_paths import resolve_config_paths
+from shared.payload import check_free_form, check_storable
+from shared.schemas import RunConfig
+
+NAME_MAX = 100  # a task, arm or variant name (runs.study_task / study_arm / study_variant)
+METRIC_PATTERN = r"^[A-Za-z0-9_./:-]{1,100}$"  # keys of an update's metrics, e.g. eval/success_rate
+MAX_CELLS = 2000  # runs in one study: a typo in seeds should not queue a million runs
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{what} name must not be blank")
+    if len(value) > NAME_MAX:
+        raise ValueError(f"{what} name {value[:40]!r}... is longer than {NAME_MAX} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{what} name {value!r} contains a control character")
+    return value
+
+
+class MetricSpec(_Strict):
+    """A metric of the updates' rows and how one run's curve of it becomes that run's score."""
+
+    metric: str = Field(
+        pattern=METRIC_PATTERN,
+        description="Key in an update's metrics, e.g. eval/success_rate or probe/relevance",
+    )
+    reduce: Literal["final", "last_k_mean"] = Field(
+        "final",
+        description="final: the value at the run's last recorded point; last_k_mean: the mean "
+        "of its last k recorded points",
+    )
+    k: int = Field(3, ge=1, le=1000, description="Points averaged by last_k_mean")
+    higher_is_better: bool = Field(
+        True, description="Direction of improvement (False for e.g. probe/top_thought_share)"
+    )
+
+    def score(self, curve: list[tuple[int, float]]) -> float | None:
+        """The run's score from its (update, value) points; None when the curve is too short
+        (no point, or fewer than k for last_k_mean) or holds a non-finite value."""
+        points = [v for _, v in sorted(curve, key=lambda p: p[0])]
+        if not points:
+            return None
+        taken = points[-1:] if self.reduce == "final" else points[-self.k :]
+        if len(taken) < (1 if self.reduce == "final" else self.k):
+            return None
+        value = sum(taken) / len(taken)
+        return float(value) if math.isfinite(value) else None
+
+    def label(self) -> str:
+        """e.g. 'eval/success_rate (final)' or 'eval/success_rate (mean of last 3)'."""
+        how = "final" if self.reduce == "final" else f"mean of last {self.k}"
+        return f"{self.metric} ({how})"
+
+
+class TaskSpec(_Strict):
+    """One task of the study: its base run config, from a file or inline."""
+
+    config: str | None = Field(
+        None,
+        max_length=1000,
+        description="Base run config file, relative to the study file (read by the CLI only; "
+        "the API takes `base` inline)",
+    )
+    base: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Base run config fields inline (merged over `config` when both are given)",
+    )
+
+    @field_validator("base")
+    @classmethod
+    def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_free_form(value, "base")
+
+
+class BudgetSpec(_Strict):
+    updates: int | None = Field(
+        None, ge=1, le=100_000, description="train.num_updates of every run; None = the configs'"
+    )
+    max_env_steps: int = Field(
+        50_000_000,
+        ge=1,
+        le=10_000_000_000,
+        description="Refuse a study whose runs together would take more env steps than this",
+    )
+
+
+class StudyConfig(_Strict):
+    name: str = Field(min_length=1, max_length=200, description="Human name of the study")
+    tasks: dict[str, TaskSpec] = Field(
+        min_length=1, max_length=20, description="Task name -> its base run config"
+    )
+    arms: dict[str, dict[str, Any]] = Field(
+        min_length=1,
+        max_length=50,
+        description="Arm name -> overlay of the base config (partial run config, e.g. "
+        "{algorithm = 'rl4vlm'}); every arm runs on every task",
+    )
+    seeds: list[int] = Field(
+        min_length=1, max_length=200, description="Run seeds; every cell runs each of them"
+    )
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        max_length=50,
+        description="Variant name -> overlay applied after the arm's (e.g. a corrector noise); "
+        "none = one unnamed variant",
+    )
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    primary: MetricSpec = Field(
+        default_factory=lambda: MetricSpec(metric="eval/success_rate"),
+        description="The metric that judges the arms, declared before any run starts",
+    )
+    secondary: list[MetricSpec] = Field(
+        default_factory=list, max_length=20, description="Further metrics, labelled secondary"
+    )
+    eval_episodes: int = Field(
+        64, ge=1, le=1000, description="Greedy deals per evaluation (metrics.eval_episodes)"
+    )
+    concurrency: int = Field(
+        2, ge=1, le=256, description="Full stack: runs of the study queued or running at once"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_spec(cls, data: Any) -> Any:
+        check_storable(data, "study")
+        return data
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int]) -> list[int]:
+        for s in value:
+            if not 0 <= s <= 2**31 - 1:
+                raise ValueError(f"seed {s} is outside 0..2147483647")
+        if len(set(value)) != len(value):
+            raise ValueError("seeds repeat: each seed is one independent run per cell")
+        return value
+
+    @field_validator("tasks", "arms", "variants")
+    @classmethod
+    def _names(cls, value: dict[str, Any], info: Any) -> dict[str, Any]:
+        what = info.field_name.rstrip("s")
+        for name in value:
+            _check_name(name, what)
+        for name, overlay in value.items():
+            if isinstance(overlay, dict):
+                check_free_form(overlay, f"{info.field_name}.{name}")
+        return value
+
+    @model_validator(mode="after")
+    def _grid(self) -> StudyConfig:
+        for name, task in self.tasks.items():
+            if task.config is not None:
+                raise ValueError(
+                    f"tasks.{name}.config: a file is read only by the CLI (gtr study run/create "
+                    f"inline it); give the run config as tasks.{name}.base"
+                )
+        cells = len(self.tasks) * len(self.arms) * max(len(self.variants), 1) * len(self.seeds)
+        if cells > MAX_CELLS:
+            raise ValueError(f"the study has {cells} runs; the limit is {MAX_CELLS}")
+        names = [m.metric for m in [self.primary, *self.secondary]]
+        if len(set(names)) != len(names):
+            raise ValueError("a metric is declared twice (primary and secondary must differ)")
+        steps = 0
+        for cell in self.cells():
+            steps += self.run_config(cell).total_env_steps  # raises ValueError naming the cell
+        if steps > self.budget.max_env_steps:
+            raise ValueError(
+                f"the study's runs take {steps:,} env steps; budget.max_env_steps is "
+                f"{self.budget.max_env_steps:,}"
+            )
+        return self
+
+    def cells(self) -> list[Cell]:
+        """Every run of the study, task by task, seed by seed, arm by arm: the arms of one
+        seed are adjacent, so a warm start built for the first is reused by the others."""
+        variants = list(self.variants) or [""]
+        return [
+            Cell(task, arm, seed, variant)
+            for task in self.tasks
+            for seed in self.seeds
+            for variant in variants
+            for arm in self.arms
+        ]
+
+    def run_config(self, cell: Cell) -> RunConfig:
+        """The cell's run config: base <- arm <- variant, then the study's seed, budget and
+        evaluation deal count. A ValueError names the cell when the result is not valid."""
+        raw = merge(self.tasks[cell.task].base, self.arms[cell.arm])
+        if cell.variant:
+            raw = merge(raw, self.variants[cell.variant])
+        raw["seed"] = cell.seed
+        raw["name"] = run_name(self.name, cell)
+        raw.setdefault("metrics", {})["eval_episodes"] = self.eval_episodes
+        if self.budget.updates is not None:
+            raw.setdefault("train", {})["num_updates"] = self.budget.updates
+        try:
+            return RunConfig.model_validate(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "config"
+            raise ValueError(f"{cell.describe()}: {where}: {first['msg']}") from None
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> StudyConfig:
+        """Read a study file; each task's `config` file is read (relative to the study file)
+        and inlined into `base`, so the stored study needs no file."""
+        path = Path(path)
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+        return cls.model_validate(inline_task_configs(raw, path.resolve().parent))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    task: str
+    arm: str
+    seed: int
+    variant: str = ""
+
+    def describe(self) -> str:
+        v = f", variant {self.variant!r}" if self.variant else ""
+        return f"task {self.task!r}, arm {self.arm!r}{v}, seed {self.seed}"
+
+
+def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``overlay`` merged into a copy of ``base``: tables key by key, anything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def run_name(study: str, cell: Cell) -> str:
+    parts = [cell.task, cell.arm, *([cell.variant] if cell.variant else []), f"seed {cell.seed}"]
+    return f"{study[:80]} · {' / '.join(parts)}"[:200]
+
+
+def inline_task_configs(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """The raw study with each task's `config` file read into its `base` (the file's paths
+    resolved against the file's own folder); a missing or unreadable file is a ValueError."""
+    tasks = raw.get("tasks")
+    if not isinstance(tasks, dict):
+        return raw
+    for name, spec in tasks.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("config"), str):
+            continue
+        file = Path(spec["config"]).expanduser()
+        file = file if file.is_absolute() else base_dir / file
+        try:
+            with open(file, "rb") as f:
+                loaded = tomllib.load(f)
+        except OSError as e:
+            raise ValueError(f"tasks.{name}.config: cannot read {file}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"tasks.{name}.config: {file} is not valid TOML: {e}") from None
+        loaded = resolve_config_paths(loaded, file.resolve().parent)
+        spec["base"] = merge(loaded, spec.get("base") or {})
+        del spec["config"]
+    return raw
