@@ -3,9 +3,10 @@
     .venv/bin/python bench/greedy_samples.py RUN_DIR [--n 3]
 
 RUN_DIR is a run folder of ``bench/reproduce.py`` (``config.toml`` + ``data/``). The deals are the
-greedy evaluation's (``EVAL_SEED + i``, the same for every run of a task), so the outputs of two
-arms on one deal sit side by side on the results page. Prints one JSON list: per deal the true
-state, the output, and whether its thought names the true state (the probe's relevance test).
+greedy evaluation's (``shared.seeds.eval_seed(i)``, the same for every run of a task), so the
+outputs of two arms on one deal sit side by side on the results page. Prints one JSON list: per
+deal the true state, the output, and whether its thought names the true state (the probe's
+relevance test).
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ def final_checkpoint(run_dir: Path) -> Path | None:
 def greedy_samples(run_dir: Path, n: int = 3) -> list[dict[str, Any]]:
     """The final checkpoint's greedy first-step outputs on the first ``n`` held-out deals."""
     from services.controller.console import load_config
-    from services.controller.evaluate import EVAL_SEED
     from services.env import make_env
     from services.env.expert import thought_matches_state
     from services.policy.service import policy_for_checkpoint
+    from shared.seeds import eval_seed
 
     cfg = load_config(run_dir / "config.toml")
     checkpoint = final_checkpoint(run_dir)
     if checkpoint is None:
         raise click.ClickException(f"{run_dir}: no update checkpoint under data/checkpoints")
     policy = policy_for_checkpoint(None, checkpoint, dtype=cfg.model.dtype)
-    envs = [make_env(cfg.task, cfg.env, seed=EVAL_SEED + i).unwrapped for i in range(n)]
+    envs = [make_env(cfg.task, cfg.env, seed=eval_seed(i)).unwrapped for i in range(n)]
     frames = [env.reset()[0] for env in envs]
     gens = policy.generate(
         frames,

@@ -8,17 +8,29 @@ is recorded as a step or counted in the env-step budget.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shared.schemas import RunConfig
+from shared.seeds import eval_seed
 
 if TYPE_CHECKING:
     from services.controller.backends import Envs
     from services.policy.protocol import RolloutPolicy
     from services.policy.schemas import Generation
 
-EVAL_SEED = 2_000_003  # eval deals are the same for every run of a task, and differ from probes
 CHUNK = 32  # generation batch: keeps each policy-service request small
+
+
+@dataclass(frozen=True)
+class DealOutcome:
+    """One evaluation deal's episode (stored as an `eval_outcomes` row)."""
+
+    deal: int  # index in the evaluation set: the same deal in every run of a task
+    seed: int  # the env seed it was dealt from (shared/seeds.py: never a training seed)
+    success: bool
+    episode_return: float
+    episode_length: int
 
 
 def greedy_generate(
@@ -37,10 +49,13 @@ def greedy_generate(
     return gens
 
 
-def evaluate(envs: Envs, policy: RolloutPolicy, cfg: RunConfig, episodes: int) -> dict[str, float]:
-    """Play ``episodes`` greedy episodes in parallel; success rate, mean return and length."""
+def evaluate_deals(
+    envs: Envs, policy: RolloutPolicy, cfg: RunConfig, episodes: int
+) -> list[DealOutcome]:
+    """Play deals 0..episodes-1 greedily in parallel; the outcome of each that finished."""
     env = cfg.env.model_copy(update={"display_size": 0})  # never recorded: no frames for people
-    sessions = [envs.create(cfg.task, env, seed=EVAL_SEED + i) for i in range(episodes)]
+    seeds = [eval_seed(i) for i in range(episodes)]
+    sessions = [envs.create(cfg.task, env, seed=seed) for seed in seeds]
     try:
         obs = {sid: envs.reset(sid) for sid in sessions}
         finished: dict[str, tuple[bool, float, int]] = {}
@@ -63,11 +78,24 @@ def evaluate(envs: Envs, policy: RolloutPolicy, cfg: RunConfig, episodes: int) -
                 envs.close(sid)
             except Exception:  # closing is best effort: the env service may be the thing failing
                 pass
-    done = list(finished.values())
-    n = max(len(done), 1)
+    return [
+        DealOutcome(i, seed, *finished[sid])
+        for i, (sid, seed) in enumerate(zip(sessions, seeds, strict=True))
+        if sid in finished
+    ]
+
+
+def summarize(outcomes: list[DealOutcome]) -> dict[str, float]:
+    """Success rate, mean return and length over the finished deals."""
+    n = max(len(outcomes), 1)
     return {
-        "eval/success_rate": sum(s for s, _, _ in done) / n,
-        "eval/episode_return": sum(r for _, r, _ in done) / n,
-        "eval/episode_length": sum(length for _, _, length in done) / n,
-        "eval/episodes": float(len(done)),
+        "eval/success_rate": sum(o.success for o in outcomes) / n,
+        "eval/episode_return": sum(o.episode_return for o in outcomes) / n,
+        "eval/episode_length": sum(o.episode_length for o in outcomes) / n,
+        "eval/episodes": float(len(outcomes)),
     }
+
+
+def evaluate(envs: Envs, policy: RolloutPolicy, cfg: RunConfig, episodes: int) -> dict[str, float]:
+    """Play ``episodes`` greedy episodes in parallel; success rate, mean return and length."""
+    return summarize(evaluate_deals(envs, policy, cfg, episodes))

@@ -5,15 +5,19 @@ writes (episodes, steps, frames) is ``recorder.py``'s. Functions take a session 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from services.controller.recorder import close_cut_off
-from shared.db.models import Correction, Episode, Run, Step, Update, utcnow
+from shared.db.models import Correction, Episode, EvalOutcome, Run, Step, Update, utcnow
 from shared.schemas import RunConfig
+
+if TYPE_CHECKING:
+    from services.controller.evaluate import DealOutcome
 
 
 def run_row(session: Session, run_id: int) -> Run:
@@ -143,3 +147,27 @@ def end_run(session: Session, run_id: int, status: str, error: str | None) -> Ru
     if error:
         run.error = error[:4000]
     return run
+
+
+def record_eval_outcomes(
+    session: Session, run_id: int, update_idx: int, outcomes: Sequence[DealOutcome]
+) -> None:
+    """The per-deal outcomes of the run's evaluation after ``update_idx``; a resumed run that
+    evaluates that update again replaces them."""
+    session.execute(
+        delete(EvalOutcome).where(
+            EvalOutcome.run_id == run_id, EvalOutcome.update_idx == update_idx
+        )
+    )
+    session.add_all(
+        EvalOutcome(
+            run_id=run_id,
+            update_idx=update_idx,
+            deal=o.deal,
+            seed=o.seed,
+            success=o.success,
+            episode_return=o.episode_return,
+            episode_length=o.episode_length,
+        )
+        for o in outcomes
+    )

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from services.controller.console import summary_columns
-from services.controller.evaluate import EVAL_SEED, evaluate
+from services.controller.evaluate import evaluate, evaluate_deals
 from services.env.service import EnvPool
 from shared.schemas import RunConfig
+from shared.seeds import eval_seed
 
 
 @dataclass
@@ -52,7 +53,7 @@ def test_success_counts_exactly_the_deals_the_agent_can_win() -> None:
     pool, cfg = EnvPool(), _cfg()
     deals = []
     for i in range(40):  # the same seeded deals the evaluation plays
-        sid = pool.create("numberline", cfg.env, seed=EVAL_SEED + i)
+        sid = pool.create("numberline", cfg.env, seed=eval_seed(i))
         deals.append(pool.reset(sid).state)
         pool.close(sid)
     winnable = sum(d["target"] > d["current"] for d in deals) / len(deals)
@@ -60,6 +61,12 @@ def test_success_counts_exactly_the_deals_the_agent_can_win() -> None:
     out = evaluate(pool, AlwaysPlus(), cfg, episodes=40)
     assert out["eval/success_rate"] == pytest.approx(winnable)
     assert out["eval/episodes"] == 40
+    # Per deal: deal i is the i-th seeded deal, won exactly when its target lies above.
+    outcomes = evaluate_deals(pool, AlwaysPlus(), cfg, episodes=40)
+    assert [o.deal for o in outcomes] == list(range(40))
+    assert [o.seed for o in outcomes] == [eval_seed(i) for i in range(40)]
+    assert [o.success for o in outcomes] == [d["target"] > d["current"] for d in deals]
+    assert all(o.episode_length >= 1 for o in outcomes)
 
 
 def test_summary_columns_follow_evaluations_then_spread_evenly() -> None:
