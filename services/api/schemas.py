@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -51,8 +51,9 @@ class RunOut(_Orm):
     phase_step: int | None = None
     phase_total: int | None = None
     phase_at: datetime | None = None
-    elapsed_s: float | None = None
-    eta_s: float | None = None
+    elapsed_s: float | None = None  # seconds of work: time spent stopped before a resume is not
+    eta_s: float | None = None  # at the current phase's own rate
+    eta_of: Literal["warm start", "run"] | None = None  # what eta_s is the time left of
     corrector_cost: CorrectorCost | None = None  # None: the run sends no step to a corrector
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -141,19 +142,46 @@ def corrector_cost(session: Session, run_id: int) -> dict[str, float]:
     return {"calls": int(calls), "tokens": int(tokens), "seconds": float(ms or 0) / 1000}
 
 
-def run_timing(run: Run) -> dict[str, float | None]:
-    """Elapsed seconds since the run started and a naive ETA from its update rate so far."""
+RATE_WINDOW = 5  # the ETA's rate: the mean wall time of the run's last few updates
+
+
+def _aware(t: datetime, like: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=like.tzinfo)
+
+
+def run_timing(session: Session, run: Run) -> dict[str, Any]:
+    """Elapsed seconds of work (time spent cancelled or failed before a resume left out) and an
+    ETA from the current phase's own rate: the warm start's steps per second while it runs
+    (``eta_of`` "warm start": the updates' rate is not known yet), then the mean wall time of
+    the last few updates (their ``update_s``, which no warm start is part of)."""
     from shared.db.models import utcnow
 
+    out: dict[str, Any] = {"elapsed_s": None, "eta_s": None, "eta_of": None}
     if run.started_at is None:
-        return {"elapsed_s": None, "eta_s": None}
-    end = run.finished_at or utcnow()
-    started = run.started_at if run.started_at.tzinfo else run.started_at.replace(tzinfo=end.tzinfo)
-    elapsed = max(0.0, (end - started).total_seconds())
-    eta = None
-    if run.finished_at is None and run.updates_done and run.num_updates > run.updates_done:
-        eta = elapsed / run.updates_done * (run.num_updates - run.updates_done)
-    return {"elapsed_s": elapsed, "eta_s": eta}
+        return out
+    now = utcnow()
+    end = run.finished_at or now
+    paused = float((run.info or {}).get("paused_s") or 0.0)
+    out["elapsed_s"] = max(0.0, (end - _aware(run.started_at, end)).total_seconds() - paused)
+    if run.finished_at is not None or run.status != "running":
+        return out
+    step, total = run.phase_step or 0, run.phase_total or 0
+    if run.phase == "warm_start" and run.phase_at is not None and 0 < step < total:
+        spent = (now - _aware(run.phase_at, now)).total_seconds()
+        out["eta_s"], out["eta_of"] = spent / step * (total - step), "warm start"
+        return out
+    left = run.num_updates - run.updates_done
+    if left > 0 and run.updates_done:
+        rows = session.scalars(
+            select(Update.metrics)
+            .where(Update.run_id == run.id, Update.idx < run.updates_done)
+            .order_by(Update.idx.desc())
+            .limit(RATE_WINDOW)
+        ).all()
+        seconds = [float(m["update_s"]) for m in rows if isinstance(m.get("update_s"), int | float)]
+        if seconds:
+            out["eta_s"], out["eta_of"] = sum(seconds) / len(seconds) * left, "run"
+    return out
 
 
 def cancel_run(session: Session, token: ApiToken, run_id: int) -> Run:
@@ -177,6 +205,14 @@ def resume_run(session: Session, token: ApiToken, run_id: int) -> Run:
             f"run {run_id} is {run.status}: only a failed or cancelled run can be resumed"
         )
     # A controller claims it and resumes after its last trained update (RunDriver._start).
+    # The time it spent stopped is not the run's elapsed time (run_timing leaves it out).
+    from shared.db.models import utcnow
+
+    if run.started_at is not None and run.finished_at is not None:
+        now = utcnow()
+        stopped = (now - _aware(run.finished_at, now)).total_seconds()
+        paused = float((run.info or {}).get("paused_s") or 0.0)
+        run.info = {**(run.info or {}), "paused_s": paused + max(0.0, stopped)}
     run.status, run.finished_at, run.cancel_requested = "queued", None, False
     return run
 

@@ -243,30 +243,74 @@ def run_resume(run_id: int, url: str | None, token: str | None) -> None:
     click.echo(_call(_client(url, token), "POST", f"/api/runs/{run_id}/resume")["status"])
 
 
+def _duration(sec: float) -> str:
+    """As the run page writes it: 42s, 3m 05s, 1h 02m."""
+    s = int(sec)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def phase_text(r: dict[str, Any]) -> str:
+    """What the run is doing now, worded as the run page's phase line (_macros.html phase)."""
+    if r["status"] != "running":
+        return str(r["status"])
+    phase, step, total = r.get("phase"), r.get("phase_step") or 0, r.get("phase_total")
+    of = f" {step} of {total}" if total else ""
+    text = {
+        "warm_start": f"warm start{of}",
+        "rollout": f"rollout{' step' + of if of else ''}",
+        "corrections": "waiting for corrections",
+    }.get(phase or "", phase or "starting")
+    if r.get("elapsed_s") is not None:
+        text += f" · {_duration(r['elapsed_s'])} elapsed"
+    if r.get("eta_s") is not None:
+        text += f" · ETA {_duration(r['eta_s'])}"
+        text += " (warm start)" if r.get("eta_of") == "warm start" else ""
+    return text
+
+
+def update_line(r: dict[str, Any], u: dict[str, Any]) -> str:
+    """One finished update, numbered as the charts, the step search and the step pages number
+    it (from 0), with how many of the run's updates are done."""
+    m, nan = u["metrics"], float("nan")
+    ev = m.get("eval/success_rate")  # only after an evaluated update
+    return (
+        f"[{r['status']}] update {u['idx']} done ({u['idx'] + 1} of {r['num_updates']})"
+        f"  env steps {r['env_steps']}/{r['total_env_steps']}"
+        f"  success {success_cell(m)}"
+        f"  corrected {m.get('corrected_rate', nan):.2f}"
+        f"{'' if ev is None else f'  eval {ev:.2f}'}"
+        f"{'  ALARM: ' + str(m.get('alarm_reason', '')) if u['alarm'] else ''}"
+    )
+
+
 @run.command("watch")
 @click.argument("run_id", type=int)
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.2, 600))
 @_with_api
 def run_watch(run_id: int, interval: float, url: str | None, token: str | None) -> None:
-    """Follow a run until it ends; exits non-zero unless it completed."""
+    """Follow a run until it ends: its phase as it changes (the warm start's progress, rollout,
+    corrections, training, evaluating) and a line per finished update; exits non-zero unless
+    it completed."""
     client = _client(url, token)
-    seen = -1
+    seen, phase = 0, ""
     while True:
         r = _call(client, "GET", f"/api/runs/{run_id}")
-        if r["updates_done"] != seen:
-            seen = r["updates_done"]
-            m = r["latest_metrics"]
-            nan = float("nan")
-            ev = m.get("eval/success_rate")  # only after an evaluated update
-            evaluated = "" if ev is None else f"  eval {ev:.2f}"
-            click.echo(
-                f"[{r['status']}] update {seen}/{r['num_updates']}"
-                f"  env steps {r['env_steps']}/{r['total_env_steps']}"
-                f"  success {success_cell(m)}"
-                f"  corrected {m.get('corrected_rate', nan):.2f}"
-                f"{evaluated}"
-                f"{'  ALARM: ' + str(m.get('alarm_reason', '')) if r['alarm'] else ''}"
-            )
+        # Every update finished since the last look, each with its own metrics.
+        while seen < r["updates_done"]:
+            page = _call(client, "GET", f"/api/runs/{run_id}/updates?offset={seen}&limit=50")
+            done = [u for u in page["items"] if seen <= u["idx"] < r["updates_done"]]
+            for u in done:
+                click.echo(update_line(r, u))
+            if not done:
+                break
+            seen = done[-1]["idx"] + 1
+        # A rollout's step count moves too fast to be worth a line; a warm start's chunks do not.
+        now = r.get("phase") or "", r.get("phase_step") if r.get("phase") == "warm_start" else None
+        if r["status"] == "running" and str(now) != phase:
+            phase = str(now)
+            click.echo(f"[{r['status']}] {phase_text(r)}")
         if r["status"] in ("completed", "failed", "cancelled"):
             if r["error"]:
                 click.echo(f"error: {r['error']}")

@@ -1,6 +1,7 @@
 """``gtr up``: the whole platform as separate processes on one machine, logs in data_dir/logs.
 
 A part that exits is restarted with a growing delay; one that keeps exiting stops the stack.
+Ctrl-C, SIGTERM (a service manager, ``kill``) and SIGHUP (the terminal closed) stop every part.
 """
 
 from __future__ import annotations
@@ -170,6 +171,31 @@ def stack_urls(port: int, policy_hosts_envs: bool = False) -> dict[str, str]:
     return {"env": env, "policy": policy}
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class StopSignal(Exception):
+    """SIGTERM or SIGHUP asked ``gtr up`` to stop: its parts must go with it (their default
+    action would end ``gtr up`` alone and leave them running under PID 1, ports bound)."""
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise StopSignal in the main thread."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise StopSignal(signal.Signals(signum).name)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+
+def ignore_signals() -> None:
+    """While the parts stop, a second signal (or Ctrl-C) must not interrupt that half-way.
+    An ignored disposition is inherited across exec, so no part is launched after this."""
+    for s in (*STOP_SIGNALS, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+
+
 def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None) -> None:
     settings = get_settings()
     if not settings.database_url or not settings.redis_url:
@@ -197,6 +223,7 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
     if settings.policy_hosts_envs:  # the policy service serves the envs: no env service
         del commands["env"]
     stack = Supervisor(commands, env, logs, policy)
+    stop_on_signals()
     try:
         stack.start()
         # A part that cannot even start (port taken, bad model) fails here rather than loop.
@@ -212,7 +239,10 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
         stack.watch()
     except KeyboardInterrupt:
         click.echo("stopping")
+    except StopSignal as e:
+        click.echo(f"stopping ({e})")
     finally:
+        ignore_signals()
         stack.stop()
 
 

@@ -47,9 +47,32 @@ def _child(parent: int, role: str) -> int:
     raise AssertionError(f"no {role} child of {parent}")
 
 
+def _children(parent: int) -> list[int]:
+    """The pids of the processes ``parent`` started (its services under `gtr up`)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                out.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @contextmanager
-def _up(port: int, env: dict[str, str]) -> Iterator[subprocess.Popen]:
-    """``gtr up --port port``, once it says it is up; stopped with every service it started."""
+def _up(
+    port: int, env: dict[str, str], stop: signal.Signals = signal.SIGINT
+) -> Iterator[subprocess.Popen]:
+    """``gtr up --port port``, once it says it is up; stopped by ``stop``, which must take every
+    service it started with it within their grace period (15 s)."""
     # Its own session: the whole process group (gtr up and every service) is stopped at the end.
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--port", str(port)],
@@ -68,11 +91,14 @@ def _up(port: int, env: dict[str, str]) -> Iterator[subprocess.Popen]:
         assert up.poll() is None, "gtr up exited early"
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
         yield up
+        services = _children(up.pid)
+        assert len(services) == 6 - ("GTR_POLICY_HOSTS_ENVS" in env), services
+        up.send_signal(stop)
+        assert up.wait(timeout=30) == 0
+        left = [pid for pid in services if _alive(pid)]
+        assert not left, f"gtr up stopped by {stop.name} left {left} running"
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        if up.poll() is None:
             up.kill()
         # No service may outlive the test: a stray worker would take the next tests' tasks.
         try:
@@ -92,7 +118,7 @@ def test_gtr_up_then_run_create_and_watch(
         "GTR_MODEL_DIR": str(default_model_dir.parent),
     }
     port = free_ports(3)  # the API, then the env and policy services on port+1, port+2
-    with _up(port, env) as up:
+    with _up(port, env, stop=signal.SIGTERM) as up:
         assert up.stdout is not None
         # A part killed outright is restarted, and the restarted controller drives the run below.
         os.kill(_child(up.pid, "controller"), signal.SIGKILL)
@@ -112,7 +138,7 @@ def test_gtr_up_then_run_create_and_watch(
         run_id = int(created.stdout.strip())
         watched = _gtr("run", "watch", str(run_id), "--interval", "1", *api, env=env, timeout=400)
         assert watched.returncode == 0, watched.stdout + watched.stderr
-        assert "completed" in watched.stdout and "update 2/2" in watched.stdout
+        assert "completed" in watched.stdout and "update 1 done (2 of 2)" in watched.stdout
         c = counts(run_id)
         assert c["steps"] == 16 and c["checkpoints"] == 2 and c["dup_steps"] == 0
         bad = _gtr(
@@ -142,7 +168,7 @@ def test_gtr_up_with_the_envs_in_the_policy_service(
         "GTR_POLICY_HOSTS_ENVS": "true",
     }
     port = free_ports(3)
-    with _up(port, env) as up:
+    with _up(port, env, stop=signal.SIGHUP) as up:
         with pytest.raises(AssertionError, match="no env child"):
             _child(up.pid, "env")
         assert httpx.get(f"http://127.0.0.1:{port + 2}/env/healthz").json()["status"] == "ok"

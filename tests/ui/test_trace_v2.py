@@ -186,7 +186,9 @@ def test_warm_start_phase_then_cancel_pending_then_cancelled(  # type: ignore[no
         page.on("dialog", lambda d: d.accept())
         # The page the cancel lands on, as the server rendered it: a warm-start chunk can end
         # (and the run with it) before the browser draws it, so read that one response.
-        with page.expect_response(lambda r: "notice=" in r.url) as landed:
+        with page.expect_response(
+            lambda r: r.url.endswith(f"/runs/{run_id}") and r.request.is_navigation_request()
+        ) as landed:
             page.click("#cancel-run")
         html = landed.value.text()
         pending = re.search(r'<p [^>]*id="cancel-pending"[^>]*>', html)

@@ -43,8 +43,8 @@ Status = Literal["queued", "running", "completed", "failed", "cancelled"]
 def run_out(db: Session, run: Run) -> RunOut:
     out = RunOut.model_validate(run)
     out.latest_metrics = service.latest_metrics(db, run.id)
-    timing = service.run_timing(run)
-    out.elapsed_s, out.eta_s = timing["elapsed_s"], timing["eta_s"]
+    timing = service.run_timing(db, run)
+    out.elapsed_s, out.eta_s, out.eta_of = timing["elapsed_s"], timing["eta_s"], timing["eta_of"]
     if service.sends_to_corrector(run):
         out.corrector_cost = CorrectorCost(**service.corrector_cost(db, run.id))
     return out

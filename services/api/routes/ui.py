@@ -9,7 +9,7 @@ import re
 import tomllib
 from pathlib import Path as FsPath
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Path, Query, Request, status
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
@@ -177,7 +177,7 @@ def _runs(
     **ctx: Any,
 ) -> HTMLResponse:
     rows, total = service.list_runs(db, me, state, PAGE_SIZE, (page - 1) * PAGE_SIZE)
-    runs = [(r, service.latest_metrics(db, r.id), service.run_timing(r)) for r in rows]
+    runs = [(r, service.latest_metrics(db, r.id), service.run_timing(db, r)) for r in rows]
     return render(
         request,
         "runs.html",
@@ -227,25 +227,38 @@ def launch(
     return RedirectResponse(f"/runs/{run.id}", status.HTTP_303_SEE_OTHER)
 
 
+FLASH_COOKIE = "gtr_flash"
+
+
+def back_to_run(run_id: int, flash: str | None = None) -> RedirectResponse:
+    """To the run's page. What the page shows comes from the run's state (cancel pending, queued
+    again); a message the state does not hold (a refusal) is shown once, from a short cookie,
+    never from the URL, where a reload or a shared link would show it again."""
+    response = RedirectResponse(f"/runs/{run_id}", status.HTTP_303_SEE_OTHER)
+    if flash:
+        response.set_cookie(
+            FLASH_COOKIE,
+            quote(flash[:300]),
+            max_age=60,
+            httponly=True,
+            samesite="strict",
+            path=f"/runs/{run_id}",
+        )
+    return response
+
+
 @router.post("/runs/{run_id}/cancel")
 def cancel(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     """Ask a run to stop."""
     _writer(request, me)
     try:
-        run = service.cancel_run(db, me, run_id)
+        service.cancel_run(db, me, run_id)
         db.commit()
-        notice = (
-            "Run cancelled."
-            if run.status == "cancelled"
-            else "Cancellation requested: the controller stops the run at its next step."
-        )
     except service.Conflict as e:
-        notice = str(e)
+        return back_to_run(run_id, str(e))
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
-    return RedirectResponse(
-        f"/runs/{run_id}?{urlencode({'notice': notice})}", status.HTTP_303_SEE_OTHER
-    )
+    return back_to_run(run_id)
 
 
 def not_found_page(request: Request, me: ApiToken, what: str) -> HTMLResponse:
@@ -260,30 +273,32 @@ def not_found_page(request: Request, me: ApiToken, what: str) -> HTMLResponse:
 
 
 @router.get("/runs/{run_id}")
-def run_page(
-    request: Request, run_id: RunId, db: Db, me: User, notice: str | None = None
-) -> HTMLResponse:
+def run_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
     """One run: curves, collapse monitors, config and checkpoints."""
     try:
         run = service.get_run(db, me, run_id)
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
     latest = service.latest_metrics(db, run.id)
-    return render(
+    flash = unquote(request.cookies.get(FLASH_COOKIE, ""))[:300] or None
+    page = render(
         request,
         "run.html",
         me,
         run=run,
         latest=latest,
-        timing=service.run_timing(run),
+        timing=service.run_timing(db, run),
         all_failed=latest.get("corrections", 0) > 0
         and latest.get("corrections_failed") == latest.get("corrections"),
         checkpoints=service.list_checkpoints(db, run),
-        notice=notice,
+        flash=flash,
         terminal=run.status in TERMINAL_STATUSES,
         config_toml=service.config_toml(run),
         cost=service.corrector_cost(db, run.id) if service.sends_to_corrector(run) else None,
     )
+    if flash:  # shown once
+        page.delete_cookie(FLASH_COOKIE, path=f"/runs/{run_id}")
+    return page
 
 
 @router.post("/runs/{run_id}/resume")
@@ -293,14 +308,11 @@ def resume(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     try:
         service.resume_run(db, me, run_id)
         db.commit()
-        notice = "Run queued again: a controller resumes it after its last trained update."
     except service.Conflict as e:
-        notice = str(e)
+        return back_to_run(run_id, str(e))
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
-    return RedirectResponse(
-        f"/runs/{run_id}?{urlencode({'notice': notice})}", status.HTTP_303_SEE_OTHER
-    )
+    return back_to_run(run_id)
 
 
 @router.get("/compare")

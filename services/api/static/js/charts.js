@@ -78,6 +78,27 @@ gtr.charts = {
     });
   },
 
+  // Why the collapse alarm fired or did not, under a chart with a dashed line (the rule is
+  // services/controller/metrics.py alarm_reason; the limits are the run's [metrics] config).
+  ruleText(group, updates, limits) {
+    const fired = updates.filter(u => u.alarm).length;
+    const tail = fired ? ` It fired on ${fired} update${fired === 1 ? '' : 's'} (shaded red).` : ' It has not fired.';
+    if (group.threshold === 'maxTopShare') {
+      const max = parseFloat(limits.maxTopShare);
+      return `Alarm when one thought's share of the probe passes s0 + ${max} × (1 − s0), s0 being the share ` +
+        `the probe's own states give when thoughts track them (the dashed line: ${max}, for all-distinct states).${tail}`;
+    }
+    const min = parseFloat(limits.minRelevance), drop = parseFloat(limits.relevanceDrop);
+    const warm = parseInt(limits.warmupUpdates, 10) || 0;
+    const rels = updates.map(u => u.metrics.probe_relevance ?? u.metrics.state_relevance).filter(v => typeof v === 'number');
+    const best = rels.length ? Math.max(...rels) : null;
+    let text = `Alarm when relevance falls ${Math.round(drop * 100)}% under the run's best, once that best reached ${min} (the dashed line)`;
+    text += warm ? `, or stays under ${min} after ${warm} updates.` : '; staying under it raises none (alarm_warmup_updates is 0: an agent that has not learnt to read the state has not collapsed).';
+    if (best !== null && best < min) text += ` This run's best is ${best.toFixed(2)}: no drop counts yet.`;
+    else if (best !== null) text += ` This run's best is ${best.toFixed(2)}: an alarm below ${(best * (1 - drop)).toFixed(2)}.`;
+    return text + tail;
+  },
+
   // A dashed horizontal line at y: the alarm threshold of a collapse monitor.
   thresholdHook(y) {
     return (u) => {
@@ -108,15 +129,23 @@ gtr.charts = {
   },
 
   // points: a boolean, or one per series (a series with a single value needs its dot).
-  plot(box, {title, labels, unit, hooks = {}, points = true, xLabel = 'update'}, data) {
+  // intX: the x values are counts (updates, env steps): ticks only on whole numbers, and a
+  // lone x value sits in a range of its own instead of uPlot's default 0-100.
+  plot(box, {title, labels, unit, hooks = {}, points = true, xLabel = 'update', intX = true}, data) {
     const c = gtr.charts;
     const show = i => (Array.isArray(points) ? points[i] : points);
+    const x = {time: false};
+    if (intX) x.range = (u, min, max) => (min === max ? [min - 0.5, max + 0.5] : [min, max]);
+    const xAxis = {label: xLabel, size: 36, labelSize: 14};
+    if (intX) {
+      xAxis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+      xAxis.values = (u, splits) => splits.map(v => (Number.isInteger(v) ? String(v) : ''));
+    }
     const opts = {
       title, width: box.clientWidth || 420, height: c.HEIGHT,
-      scales: {x: {time: false}, y: unit ? {range: [0, 1]} : {}},
+      scales: {x, y: unit ? {range: [0, 1]} : {}},
       series: [{label: xLabel}, ...labels.map((label, i) => ({label, stroke: c.COLORS[i % c.COLORS.length], width: 2, spanGaps: true, points: {show: show(i), size: 6}}))],
-      axes: [{label: xLabel, size: 36, labelSize: 14},
-        {size: 54, values: (u, splits) => splits.map(c.tick)}],
+      axes: [xAxis, {size: 54, values: (u, splits) => splits.map(c.tick)}],
       hooks,
     };
     return new uPlot(opts, data, box);

@@ -33,7 +33,7 @@ window.gtr = {
   },
   timingText(run) {
     let out = run.elapsed_s != null ? `· ${gtr.duration(run.elapsed_s)} elapsed` : '';
-    if (run.eta_s != null) out += ` · ETA ${gtr.duration(run.eta_s)}`;
+    if (run.eta_s != null) out += ` · ETA ${gtr.duration(run.eta_s)}${run.eta_of === 'warm start' ? ' (warm start)' : ''}`;
     return out;
   },
   num: (v, digits = 2) => (typeof v === 'number' ? v.toFixed(digits) : '–'),

@@ -1,5 +1,8 @@
 // Run page: curves grouped by family (collapsible), smoothing and an x-axis switch; a click on a
-// point opens that update's steps; status, phase and stat cards polled while the run is live.
+// point opens that update's steps. While the run is live it converges to what a reload shows:
+// update rows are read again until they are final (the API serves an update's row before its
+// training and evaluation metrics), and the server-rendered parts (status, actions, notices,
+// stat cards, checkpoints: every [data-live] element) are swapped for the page's current ones.
 (() => {
   const C = gtr.charts;
   const root = document.getElementById('charts');
@@ -8,7 +11,9 @@
   const envSteps = (parseInt(root.dataset.envs, 10) || 1) * (parseInt(root.dataset.steps, 10) || 1);
   const xSelect = document.getElementById('chart-x'), smoothInput = document.getElementById('chart-smooth');
   const POLL_MS = 3000;
+  const TERMINAL = ['completed', 'failed', 'cancelled'];
   const updates = [];
+  let stable = 0;  // updates[0, stable) are final: recorded in full, or the run has ended
   const closed = new Set(['Other']);  // families folded by the reader (Other starts folded)
   let charts = [];
   let layoutKey = '';
@@ -16,7 +21,7 @@
   const X = {
     update: {label: 'update', of: u => u.idx},
     env_steps: {label: 'env steps', of: u => (u.idx + 1) * envSteps},
-    wall: {label: 'wall time (min)', of: u => (Date.parse(u.created_at) - Date.parse(updates[0].created_at)) / 60000},
+    wall: {label: 'wall time (min)', of: u => (Date.parse(u.created_at) - Date.parse(updates[0].created_at)) / 60000, real: true},
   };
 
   function data(group) {
@@ -32,14 +37,26 @@
     location.href = `/runs/${runId}/steps?${q}`;
   }
 
+  // Points drawn per chart (non-null values of all its series): what a reload would draw.
+  function drawn(d) { return d.slice(1).reduce((n, ys) => n + ys.filter(y => y !== null).length, 0); }
+
   function build() {
     const groups = C.groups(updates);
     const key = xSelect.value + '|' + groups.map(g => g.title + g.keys.join()).join('|');
-    if (key === layoutKey) { charts.forEach(c => c.plot.setData(data(c.group))); return; }
+    if (key === layoutKey) {
+      charts.forEach((c) => {
+        const d = data(c.group);
+        c.plot.setData(d);
+        c.box.dataset.n = String(drawn(d));
+        if (c.rule) c.rule.textContent = C.ruleText(c.group, updates, root.dataset);
+      });
+      return;
+    }
     layoutKey = key;
     charts.forEach(c => c.plot.destroy());
     root.replaceChildren();
     charts = [];
+    const x = X[xSelect.value] || X.update;
     for (const family of C.FAMILIES) {
       const inFamily = groups.filter(g => g.family === family);
       if (!inFamily.length) continue;
@@ -54,14 +71,18 @@
         const hooks = {drawClear: [C.alarmHook(() => updates)]};
         if (group.threshold) hooks.draw = [C.thresholdHook(parseFloat(root.dataset[group.threshold]))];
         const d = data(group);
-        const opts = {title: group.title, labels: group.keys, unit: group.unit, hooks, points: C.pointsFor(d), xLabel: (X[xSelect.value] || X.update).label};
+        const opts = {title: group.title, labels: group.keys, unit: group.unit, hooks, points: C.pointsFor(d), xLabel: x.label, intX: !x.real};
         const plot = C.plot(box, opts, d);
+        box.dataset.n = String(drawn(d));
         if (group.steps) {
           plot.over.classList.add('clickable');
           plot.over.title = 'click: open this update\'s steps';
           plot.over.addEventListener('click', () => openSteps(group, plot));
         }
-        charts.push({group, box, plot});
+        // A dashed alarm line the run stayed under with no alarm needs its rule said.
+        const rule = group.threshold ? gtr.el('p', {class: 'small muted alarm-rule'}, C.ruleText(group, updates, root.dataset)) : null;
+        if (rule) box.append(rule);
+        charts.push({group, box, plot, rule});
       }
     }
   }
@@ -69,55 +90,43 @@
   function render() {
     if (!updates.length) {
       root.replaceChildren(gtr.el('p', {class: 'muted empty', id: 'charts-empty'}, 'No update recorded yet: curves appear after the first PPO update.'));
-      return;
-    }
-    build();
+      layoutKey = '';
+      charts = [];
+    } else build();
     root.dataset.points = String(updates.length);
   }
 
-  function setStatus(run) {
-    const badge = document.querySelector('#run-status .status');
-    if (badge) { badge.textContent = run.status; badge.className = `status status-${run.status}`; }
-    const pct = run.num_updates ? 100 * run.updates_done / run.num_updates : 0;
-    document.querySelector('#progress-block .progress .bar').style.width = `${pct.toFixed(1)}%`;
-    document.querySelector('#progress-block .progress span').textContent = `${run.updates_done}/${run.num_updates}`;
-    document.querySelector('#run-phase [data-field=phase]').textContent = gtr.phaseText(run);
-    document.querySelector('#run-phase [data-field=timing]').textContent = gtr.timingText(run);
-    const m = run.latest_metrics;
-    for (const el of document.querySelectorAll('[data-metric]')) {
-      const v = m[el.dataset.metric];
-      // No episode ended yet: say so rather than show no success rate.
-      if (el.dataset.metric === 'success_rate' && v === undefined && m.episodes_started) {
-        el.textContent = `${m.episodes_finished || 0} of ${m.episodes_started} finished`;
-        continue;
-      }
-      if (typeof v !== 'number') continue;  // keep the last value shown until a new one comes
-      el.textContent = /rate|share/.test(el.dataset.metric) ? gtr.pct(v) : gtr.num(v, el.dataset.metric === 'thought_length' ? 1 : 2);
+  // Rows past `stable` are read again: a row is final once the run counts it done.
+  async function refreshUpdates(run) {
+    const fresh = await C.fetchUpdates(runId, stable);
+    updates.splice(stable, updates.length - stable, ...fresh);
+    const done = TERMINAL.includes(run.status) ? Infinity : run.updates_done;
+    while (stable < updates.length && updates[stable].idx < done) stable += 1;
+  }
+
+  // The server's own rendering of the live parts: the same template a reload renders.
+  async function refreshParts() {
+    const res = await fetch(location.pathname, {credentials: 'same-origin', headers: {Accept: 'text/html'}});
+    if (res.redirected && new URL(res.url).pathname === '/login') { location.href = res.url; return; }
+    if (!res.ok) throw new Error(res.statusText || String(res.status));
+    const doc = new DOMParser().parseFromString(await res.text(), 'text/html');
+    for (const el of document.querySelectorAll('[data-live]')) {
+      const fresh = doc.getElementById(el.id);
+      if (fresh && fresh.outerHTML !== el.outerHTML) el.replaceWith(document.importNode(fresh, true));
     }
-    document.getElementById('alarm-banner').hidden = !run.alarm;
-    if (run.latest_metrics.alarm_reason) document.getElementById('alarm-reason').textContent = run.latest_metrics.alarm_reason;
-    const allFailed = m.corrections > 0 && m.corrections_failed === m.corrections;
-    const banner = document.getElementById('corrections-alarm');
-    banner.hidden = !allFailed;
-    if (allFailed) {
-      banner.querySelector('[data-field=corrections]').textContent = String(m.corrections);
-      banner.querySelector('[data-field=corrections-failed]').textContent = String(m.corrections_failed);
-    }
-    const terminal = ['completed', 'failed', 'cancelled'].includes(run.status);
-    document.getElementById('cancel-pending').hidden = !(run.cancel_requested && !terminal);
-    const cancel = document.getElementById('cancel-run');
-    if (cancel && run.cancel_requested) { cancel.disabled = true; cancel.textContent = terminal ? 'Cancelled' : 'Cancel pending…'; }
   }
 
   async function poll() {
     const state = document.getElementById('poll-state');
     try {
-      const run = await gtr.api(`/api/runs/${runId}`);
-      updates.push(...await C.fetchUpdates(runId, updates.length));
-      setStatus(run);
+      const run = await gtr.api(`/api/runs/${runId}`);  // first: what it counts done is final below
+      await refreshUpdates(run);
+      await refreshParts();
       render();
-      const live = !['completed', 'failed', 'cancelled'].includes(run.status);
-      state.textContent = live ? `live · refreshed ${new Date().toLocaleTimeString()}` : `${updates.length} updates`;
+      const live = !TERMINAL.includes(run.status);
+      const n = updates.length;
+      state.textContent = live ? `live · refreshed ${new Date().toLocaleTimeString()}` : `${n} update${n === 1 ? '' : 's'}`;
+      root.dataset.state = live ? 'live' : 'final';
       if (live) setTimeout(poll, POLL_MS);
     } catch (err) {
       state.textContent = `refresh failed (${err.message}); retrying`;
