@@ -40,8 +40,11 @@ class EnvConfig(_Strict):
         "random",
         description="Unparseable output: random legal action (reference) or a penalised no-op",
     )
-    early_truncation: bool = Field(
-        False, description="Points24/EZPoints: stop once the formula can no longer reach the target"
+    early_truncation: Literal["off", "reference", "solver"] = Field(
+        "off",
+        description="off (RL4VLM); reference: GTR's loop, an env reward of -1 ends the episode and "
+        "(points games) so does a formula off the corrector's target formula; solver: ours, end "
+        "once the solver says the formula can no longer reach the target (privileged)",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
@@ -60,6 +63,14 @@ class EnvConfig(_Strict):
     @classmethod
     def _storable_options(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_free_form(value, "env.options")
+
+    @field_validator("early_truncation", mode="before")
+    @classmethod
+    def _truncation_bool(cls, value: Any) -> Any:
+        # Configs stored before the reference rule existed said true for the solver rule.
+        if isinstance(value, bool):
+            return "solver" if value else "off"
+        return value
 
 
 class ModelConfig(_Strict):

@@ -129,9 +129,19 @@ def user_prompt(
     return "\n".join(lines)
 
 
+# State keys the env computes with the solver: privileged facts the agent never sees. A corrector
+# learns them only through the solver tool (issue 40: `tools = false` must mean no solver at all).
+SOLVER_KEYS = ("solvable", "completable")
+
+
+def agent_view(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as the agent sees it: the solver's facts taken out."""
+    return {k: v for k, v in state.items() if k not in SOLVER_KEYS}
+
+
 def describe_state(state: dict[str, Any]) -> str:
-    """The observation as text, for endpoints without vision."""
-    return "[Observation] " + json.dumps(state, ensure_ascii=False)
+    """The observation as text, for endpoints without vision (what the agent sees)."""
+    return "[Observation] " + json.dumps(agent_view(state), ensure_ascii=False)
 
 
 # How the prompts above speak of the image, and what a text-only model reads instead.

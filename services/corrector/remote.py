@@ -414,10 +414,12 @@ class HttpCorrector(_Remote):
     ) -> None:
         super().__init__(base_url, params, budget)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(timeout=self.params.timeout_s, headers=headers)
+        self.client = http_client(self.params.timeout_s, headers)  # follows no redirect
 
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
         body = req.model_dump(mode="json")
+        if not self.params.tools and body.get("state"):  # no solver: not even its verdicts
+            body["state"] = prompts.agent_view(body["state"])
 
         def send() -> httpx.Response:
             with self._timed(trace):

@@ -94,6 +94,8 @@ class GymCardsEnv(gym.Env[np.ndarray, Any]):
     def _finish_step(
         self, reward: float, terminated: bool, truncated: bool
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if not terminated and self.config.early_truncation == "reference" and reward == -1.0:
+            truncated = True  # GTR's loop: an env reward of -1 ends the episode
         if not terminated and self.elapsed >= self.max_steps:
             truncated = True
         return self.render(), float(reward), terminated, truncated, {"state": self.state()}

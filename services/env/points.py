@@ -4,6 +4,9 @@ A formula is typed one token per step and '=' submits it. Rules as the reference
 a formula already longer than the limit truncates with -1 (whatever the action); a number used
 more often than it is dealt appends " " with -1; '=' scores +10 if the formula equals the target
 and every card was used, else -1, and ends the episode; anything else is appended with 0.
+``env.early_truncation``: "reference" (GTR's loop) also ends the episode on any -1 and on a
+formula that leaves the corrector's target formula; "solver" (ours, privileged) ends it with -1
+once no completion of the formula reaches the target.
 """
 
 from __future__ import annotations
@@ -93,9 +96,19 @@ class PointsEnv(GymCardsEnv):
             won = value is not None and value == self.target and len(self.used) == self.n_cards
             return (10.0 if won else -1.0), True, False
         self.formula.append(token)
-        if self.config.early_truncation and not self.completable():
+        rule = self.config.early_truncation
+        if rule == "solver" and not self.completable():
+            return -1.0, False, True
+        if rule == "reference" and not self.on_target():
             return -1.0, False, True
         return 0.0, False, False
+
+    def on_target(self) -> bool:
+        """Whether the formula is still a prefix of the corrector's target formula (GTR's P24
+        rule); True while no target is determined (the corrector sets it, corrector.feedback)."""
+        if self.target_formula == NOT_DETERMINED:
+            return True
+        return self.target_formula.replace(" ", "").startswith(self.formula_text().replace(" ", ""))
 
     def formula_text(self) -> str:
         """The formula as the prompt shows it (tokens joined, as the reference)."""
