@@ -78,6 +78,29 @@ def backlog_of(corrections: Corrections, step_ids: list[int]) -> set[int]:
     return known(step_ids) if known is not None else set()
 
 
+def in_flight_of(corrections: Corrections, step_ids: list[int]) -> set[int]:
+    """The steps among ``step_ids`` sent to the corrector and not answered yet, as far as this
+    process knows (the embedded pool; a Celery task's state is the broker's)."""
+    known = getattr(corrections, "in_flight", None)
+    return known(step_ids) if known is not None else set()
+
+
+def resend_missing(corrections: Corrections, run_id: int, missing: list[int], when: str) -> None:
+    """Sends again the missing corrections that are neither queued nor in flight here, and
+    logs what the missing ones are: never sent, in flight, or lost (sent again)."""
+    waiting = backlog_of(corrections, missing)
+    flying = in_flight_of(corrections, missing)
+    lost = [i for i in missing if i not in waiting and i not in flying]
+    parts = [f"{len(waiting)} never sent yet (queued here)"] if waiting else []
+    parts += [f"{len(flying)} in flight"] if flying else []
+    parts += [f"{len(lost)} not queued here: sent again"] if lost else []
+    log.warning(
+        "run %s: %s corrections missing %s: %s", run_id, len(missing), when, ", ".join(parts)
+    )
+    if lost:
+        corrections.submit(run_id, lost)
+
+
 class TrainerBackend(Protocol):
     def init(self, run_id: int) -> Path: ...
     def update(self, run_id: int, update_idx: int) -> Path: ...
@@ -134,10 +157,7 @@ def settle_corrections(
     if not wait_for_corrections(run_id, step_ids, timeout_s):
         return 0
     missing = missing_corrections(run_id, step_ids)
-    log.warning(
-        "run %s: %s corrections missing after %g s: sent again", run_id, len(missing), timeout_s
-    )
-    corrections.submit(run_id, missing)
+    resend_missing(corrections, run_id, missing, f"after {timeout_s:g} s")
     if not wait_for_corrections(run_id, missing, timeout_s):
         return 0
     backlog = backlog_of(corrections, missing)
@@ -150,6 +170,7 @@ def record_missing_as_failed(
     corrector: str,
     timeout_s: float,
     backlog: set[int] | frozenset[int] = frozenset(),
+    skipped: str | None = None,
 ) -> int:
     """After a wait times out, every step still without a finished correction gets a failed row
     with the reason, so nothing is lost silently (a late answer then finds the row and stops).
@@ -157,16 +178,18 @@ def record_missing_as_failed(
     from shared.db.models import Step, utcnow
 
     reason = f"timeout: no answer within {timeout_s:g} s"
-    skipped = (
+    skipped = skipped or (
         f"skipped: backlog: not sent within {timeout_s:g} s, the corrector answers slower "
         "than the rollout makes steps"
     )
     with session_scope() as s:
-        n = s.execute(  # type: ignore[attr-defined]
-            update(Correction)
-            .where(Correction.step_id.in_(step_ids), Correction.status == "pending")
-            .values(status="failed", error=reason, finished_at=utcnow())
-        ).rowcount
+        n = 0
+        for ids, error in ((set(step_ids) - set(backlog), reason), (backlog, skipped)):
+            n += s.execute(  # type: ignore[attr-defined]
+                update(Correction)
+                .where(Correction.step_id.in_(ids), Correction.status == "pending")
+                .values(status="failed", error=error, finished_at=utcnow())
+            ).rowcount
         have = set(s.scalars(select(Correction.step_id).where(Correction.step_id.in_(step_ids))))
         missing = s.scalars(select(Step).where(Step.id.in_([i for i in step_ids if i not in have])))
         for step in missing:
@@ -245,37 +268,48 @@ class CorrectionSweep:
                 backlog_of(self.corrections, expired),
             )
             log.warning("run %s: %s corrections never came, recorded failed", self.run_id, n)
-        if again:
-            log.warning(
-                "run %s: %s corrections missing after %g s: sent again",
-                self.run_id,
-                len(again),
-                self.timeout_s,
-            )
-            self.corrections.submit(self.run_id, again)
+        if again:  # from now on their clock runs: recorded failed timeout_s later
+            resend_missing(self.corrections, self.run_id, again, f"after {self.timeout_s:g} s")
             self.resent.update((i, now) for i in again)
         gone = set(expired)
         self.from_update = min((r.update_idx for r in rows if r.id not in gone), default=update_idx)
         return len(again)
 
     def finish(self) -> int:
-        """At the run's end: wait for the corrections still missing, send the ones not sent
-        again yet once more and wait again, then record the rest failed. Returns how many."""
+        """At the run's end, when training is over: the corrections never sent are recorded
+        skipped at once (they can only come after everything they could have taught), the
+        run waits up to ``timeout_s`` for those in flight, sends the lost ones (not queued or
+        in flight here, not sent again yet) once more and waits again, then records the rest
+        failed. Returns how many were recorded failed or skipped."""
         ids = [r.id for r in self._unsettled()]
-        if not wait_for_corrections(self.run_id, ids, self.timeout_s):
-            return 0
-        missing = missing_corrections(self.run_id, ids)
-        again = [i for i in missing if i not in self.resent]
-        if again:
+        never = sorted(backlog_of(self.corrections, ids))
+        n = 0
+        if never:
+            why = "skipped: backlog: never sent before the run ended (the corrector answers "
+            why += "slower than the rollout made steps)"
+            n = record_missing_as_failed(self.run_id, never, self.corrector, 0, set(never), why)
+            log.warning("run %s: %s corrections never sent: recorded skipped", self.run_id, n)
+        rest = [i for i in ids if i not in set(never)]
+        flying = in_flight_of(self.corrections, rest)
+        # The embedded pool knows what is in flight: nothing there, nothing to wait for.
+        if rest and (flying or not hasattr(self.corrections, "in_flight")):
             log.warning(
-                "run %s: %s corrections missing at the end: sent again", self.run_id, len(again)
+                "run %s: waiting up to %g s for %s corrections in flight",
+                self.run_id,
+                self.timeout_s,
+                len(flying or rest),
             )
-            self.corrections.submit(self.run_id, again)
+            if not wait_for_corrections(self.run_id, rest, self.timeout_s):
+                return n
+        missing = missing_corrections(self.run_id, rest)
+        again = [i for i in missing if i not in self.resent]
+        if again and set(again) - in_flight_of(self.corrections, again):
+            resend_missing(self.corrections, self.run_id, again, "at the end")
             self.resent.update((i, time.monotonic()) for i in again)
             if not wait_for_corrections(self.run_id, missing, self.timeout_s):
-                return 0
+                return n
         backlog = backlog_of(self.corrections, missing)
-        return record_missing_as_failed(
+        return n + record_missing_as_failed(
             self.run_id, missing, self.corrector, 2 * self.timeout_s, backlog
         )
 
@@ -370,6 +404,10 @@ class ThreadCorrections:
 
     def close(self, wait: bool = True) -> None:
         """Finish every queued correction; or (a cancelled run) drop the queued ones and leave
+    def in_flight(self, step_ids: list[int]) -> set[int]:
+        with self._lock:
+            return self._running.intersection(step_ids)
+
         those in flight to end in the background, however slow the corrector."""
         self.pool.shutdown(wait=wait, cancel_futures=not wait)
 

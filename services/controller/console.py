@@ -56,13 +56,15 @@ def progress_line(cfg: RunConfig, p: Any, last_eval: float | None, seconds: floa
     reason = m.get("alarm_reason")
     alarm = f"  COLLAPSE ALARM: {reason}" if reason else ""
     evaluated = "" if last_eval is None else f"  eval {_fmt(last_eval)}"
+    corrections = _corrections(cfg, m)  # the same facts as the bar, without its colour
+    failing = "  CORRECTIONS FAILING" if corrections and m.get("corrections_alarm") else ""
     return (
         f"update {p.update_idx + 1}/{cfg.train.num_updates}"
         f"  env steps {p.env_steps}/{p.total_env_steps}"
-        f"  success {_fmt(m.get('success_rate'))}{evaluated}"
+        f"  success {success_cell(m)}{evaluated}"
         f"  corrected {_fmt(m.get('corrected_rate'))}"
         f"  relevance {_fmt(m.get('probe_relevance'))}"
-        f"  {seconds:.0f} s{alarm}"
+        f"{corrections}  {seconds:.0f} s{alarm}{failing}"
     )
 
 
@@ -112,7 +114,7 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
                 f"{evaluated}"
                 f"  corrected {_fmt(m.get('corrected_rate'))}"
                 f"  relevance {_fmt(m.get('probe_relevance'))}{alarm}"
-                f"{_corrections(cfg, m)}"
+                f"{_corrections_markup(cfg, m)}"
             )
             bar.update(task, completed=p.env_steps, stats=stats)
 
@@ -120,13 +122,21 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
 
 
 def _corrections(cfg: RunConfig, m: dict[str, Any]) -> str:
-    """This update's corrections by outcome; red when more than half failed."""
+    """This update's corrections by outcome, plain text ("" for RL4VLM, which has none)."""
     if cfg.algorithm == "rl4vlm":
         return ""
     from services.controller.correction_stats import describe
 
-    text = f"  corrections {describe(m)}"
-    return f"[red]{text}  CORRECTIONS FAILING[/red]" if m.get("corrections_alarm") else text
+    return f"  corrections {describe(m)}"
+
+
+def _corrections_markup(cfg: RunConfig, m: dict[str, Any]) -> str:
+    """``_corrections`` for the bar: escaped, and red when more than half failed."""
+    from rich.markup import escape
+
+    text = escape(_corrections(cfg, m))
+    failing = text and m.get("corrections_alarm")
+    return f"[red]{text}  CORRECTIONS FAILING[/red]" if failing else text
 
 
 def success_cell(m: dict[str, Any]) -> str:
@@ -192,7 +202,7 @@ def print_summary(run_id: int, seconds: float) -> None:
     from rich.table import Table
     from sqlalchemy import select
 
-    from services.controller.correction_stats import run_totals
+    from services.controller.correction_stats import failure_reasons, reasons_text, run_totals
     from shared.db.models import Run, Update
     from shared.db.session import session_scope
 
@@ -204,6 +214,8 @@ def print_summary(run_id: int, seconds: float) -> None:
         status, error, steps = run.status, run.error, run.env_steps
         gtr = run.algorithm != "rl4vlm"
         totals = run_totals(s, run_id) if gtr else {}
+        failed = totals.get("corrections_failed") or totals.get("corrections_skipped")
+        reasons = failure_reasons(s, run_id) if failed else []
         info = dict(run.info or {})
     table = Table(
         title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps",
@@ -225,6 +237,8 @@ def print_summary(run_id: int, seconds: float) -> None:
     console.print(table)
     if gtr:
         console.print(_corrections_line(totals), soft_wrap=True)
+    if reasons:  # the model's own words are on each step (GET /api/steps/{id}: raw)
+        console.print(f"why: {escape(reasons_text(reasons))}", soft_wrap=True, highlight=False)
     for line in summary_notes(metrics):
         console.print(escape(line), style="yellow")
     if error:  # escaped: a message such as pip install 'gtr-lab[alfworld]' is not markup

@@ -8,6 +8,7 @@ snapshot taken when the update ended. More than half failed or skipped over an u
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import datetime
 from typing import Any
@@ -99,6 +100,27 @@ def run_totals(s: Session, run_id: int) -> dict[str, float]:
     )
     out["corrector_calls"] = float(calls or 0)
     return out
+
+
+def failure_reasons(s: Session, run_id: int, most: int = 3) -> list[tuple[str, int]]:
+    """The run's commonest failure reasons with their counts, details in brackets dropped
+    (``malformed: answer is not JSON (Expecting value ...)`` -> ``malformed: answer is not
+    JSON``), so that a few lines say why the corrections failed."""
+    errors = s.scalars(
+        select(func.substr(Correction.error, 1, 200)).where(
+            Correction.run_id == run_id, Correction.status == "failed"
+        )
+    )
+    counts = Counter(_REASON_DETAIL.sub("", e or "").strip() or "error" for e in errors)
+    return counts.most_common(most)
+
+
+def reasons_text(reasons: list[tuple[str, int]]) -> str:
+    """``malformed: answer is not JSON (12); timeout: no answer within 60 s (3)``"""
+    return "; ".join(f"{why} ({n})" for why, n in reasons)
+
+
+_REASON_DETAIL = re.compile(r"\s*\(.*$", re.DOTALL)  # the first bracket on: instance details
 
 
 def describe(m: dict[str, Any]) -> str:

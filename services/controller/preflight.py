@@ -1,5 +1,5 @@
 """Checks a run config can fail before any run row exists: extras, games, model, checkpoint,
-the generation backend.
+the generation backend, a remote corrector this process may not call or cannot reach.
 
 `gtr train` calls ``preflight`` right after reading the config, so a wrong path or a missing
 extra is one line and a non-zero exit, not a failed run (and its traceback) in the store.
@@ -24,6 +24,7 @@ def preflight(cfg: RunConfig) -> None:
         raise PreflightError(f"init.checkpoint: no checkpoint folder at {cfg.init.checkpoint}")
     if cfg.model.backend == "vllm":
         _check_vllm()
+    _check_corrector(cfg)
     if cfg.task == "alfworld":
         _check_alfworld(cfg)
         return
@@ -73,3 +74,60 @@ def _check_alfworld(cfg: RunConfig) -> None:
         raise PreflightError(f"env.options.games: {e}") from None
     except ValueError as e:
         raise PreflightError(f"env.options: {e}".replace("\n", " ")) from None
+
+
+# Long enough for a hosted API's TLS handshake; a local server answers at once.
+REACH_TIMEOUT_S = 10.0
+
+
+def _check_corrector(cfg: RunConfig) -> None:
+    """A remote corrector that every call would fail to reach (refused by the egress policy,
+    a name that does not resolve, nothing listening) would fail every step's correction: the
+    run is refused instead. Any HTTP answer, even 401 or 404, counts as reachable."""
+    c = cfg.corrector
+    if not cfg.uses_corrector or c.backend == "self_teacher":
+        return
+    url = c.base_url if c.kind is not None else _registered_url(c.name)
+    if not url:
+        return  # built in, or not registered: the launch check names that (create_run)
+    import httpx
+
+    from services.corrector.base import CorrectorError
+    from services.corrector.egress import check_destination
+
+    where = f"corrector {c.name!r} at {url}"
+    try:
+        check_destination(url)
+        with httpx.Client(timeout=REACH_TIMEOUT_S, follow_redirects=False) as client:
+            client.get(url.rstrip("/") + ("/models" if c.kind != "http" else "/healthz"))
+    except CorrectorError as e:
+        raise PreflightError(f"{where}: {e.reason}") from None
+    except httpx.TimeoutException:
+        raise PreflightError(
+            f"{where}: no answer within {REACH_TIMEOUT_S:g} s; is the server up?"
+        ) from None
+    except httpx.HTTPError as e:
+        raise PreflightError(
+            f"{where} cannot be reached ({type(e).__name__}: {str(e)[:200]}); start the server "
+            "or fix base_url"
+        ) from None
+
+
+def _registered_url(name: str) -> str | None:
+    """The base URL of a registered corrector (None: built in, or no such name)."""
+    from sqlalchemy import select
+
+    from services.corrector.service import ORACLE
+    from shared.db.migrate import ensure_schema
+    from shared.db.models import Corrector
+    from shared.db.session import session_scope
+    from shared.schemas import SELF_TEACHER
+    from shared.settings import get_settings
+
+    if name in (ORACLE, SELF_TEACHER):
+        return None
+    if get_settings().database_url is None:
+        ensure_schema()  # the embedded registry, as `gtr train` makes it next
+    with session_scope() as s:
+        row = s.scalar(select(Corrector).where(Corrector.name == name))
+        return row.base_url if row is not None and row.kind != "oracle" else None

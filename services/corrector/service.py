@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from services.corrector.base import BatchCorrector, CallTrace, Corrector, CorrectorError
 from services.corrector.egress import stored_error
 from services.corrector.keys import decrypt_key
-from services.corrector.oracle import OracleCorrector
+from services.corrector.oracle import OracleCorrector, accurate
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
 from services.corrector.rows import RegistryError, inline_row
@@ -198,6 +198,7 @@ def record_correction(
     )
     if finished.rowcount == 1:  # type: ignore[attr-defined]
         count_corrected(session, step, values)
+            _log_outcome(step.id, corrector_name, values)
     session.refresh(row)
     return row
 
@@ -210,10 +211,34 @@ def count_corrected(session: Session, step: models.Step, values: dict[str, Any])
     a correction that arrives after its update was trained or its episode closed."""
     if values.get("status") == "done" and values.get("verdict") == "incorrect":
         session.execute(
+        _log_outcome(step.id, corrector_name, values)
             update(models.Episode)
+    if finished.rowcount != 1:  # type: ignore[attr-defined]
+        _log_outcome(step.id, corrector_name, values, stored=row)
             .where(models.Episode.id == step.episode_id)
             .values(corrected_steps=models.Episode.corrected_steps + 1)
         )
+def _log_outcome(
+    step_id: int, name: str, values: dict[str, Any], stored: models.Correction | None = None
+) -> None:
+    """The log says what the row says: a failure as it was written, or, for an answer that
+    came after the step was settled (a timeout recorded it), that it was dropped."""
+    if str(values.get("error") or "").startswith("skipped:"):
+        return  # never sent: the stored row says why
+    if stored is not None:
+        got = values.get("error") or f"verdict {values.get('verdict')}"
+        log.warning(
+            "correction of step %s by %s: the answer (%s) came after the step was recorded "
+            "%s; dropped",
+            step_id,
+            name,
+            got,
+            stored.error or stored.status,
+        )
+    elif values.get("status") == "failed":
+        log.warning("correction of step %s by %s failed: %s", step_id, name, values["error"])
+
+
 
 
 def _outcome(
@@ -254,10 +279,11 @@ def _answer(
     try:
         if budget is not None:
             budget.check()  # spent already: no request is even built
-        correction = corrector.correct(request(), trace)
+        req = request()
+        correction = corrector.correct(req, trace)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
         return _error(step, name, trace, start, e)
-    return _done(correction, trace)
+    return _done(correction, trace, req)
 
 
 def _answer_many(
@@ -290,11 +316,11 @@ def _answer_many(
                 raise RuntimeError(f"{len(results)} answers to {len(sent)} requests")
         except Exception as e:  # noqa: BLE001 - the whole call failed: every step records why
             results = [e] * len(sent)
-        for (i, _), result in zip(sent, results, strict=True):
+        for (i, req), result in zip(sent, results, strict=True):
             out[i] = (
                 _error(steps[i], name, traces[i], start, result)
                 if isinstance(result, Exception)
-                else _done(result, traces[i])
+                else _done(result, traces[i], req)
             )
     return [out[i] for i in range(len(steps))]
 
@@ -308,12 +334,27 @@ def _error(
     return _failure(step, name, trace, start, f"error: {type(e).__name__}: {str(e)[:500]}")
 
 
-def _done(correction: Correction, trace: CallTrace) -> dict[str, Any]:
+def _done(
+    correction: Correction, trace: CallTrace, req: CorrectionRequest | None = None
+) -> dict[str, Any]:
     return {
         "status": "done",
+def _with_accuracy(correction: Correction, req: CorrectionRequest | None) -> dict[str, Any]:
+    """The answer's extras plus ``accurate``: whether it agrees with the exact judge (verdict and
+    correction, ``oracle.accurate``), which the run's ``corrector/accuracy`` averages."""
+    if req is None or req.state is None:
+        return correction.extras
+    try:
+        verdict = accurate(req, correction)
+    except Exception:  # noqa: BLE001 - a state the judge cannot read costs the figure, not the answer
+        log.exception("exact judge failed on a %s state", req.task)
+        return correction.extras
+    return correction.extras if verdict is None else {**correction.extras, "accurate": verdict}
+
+
         "verdict": correction.verdict,
         "corrected_thought": correction.corrected_thought,
-        "extras": correction.extras,
+        "extras": _with_accuracy(correction, req),
         "reasoning": correction.reasoning,
         "raw": trace.raw,
         "latency_ms": correction.latency_ms,
@@ -326,7 +367,6 @@ def _done(correction: Correction, trace: CallTrace) -> dict[str, Any]:
 def _failure(
     step: models.Step, name: str, trace: CallTrace, start: float, error: str, raw: str | None = None
 ) -> dict[str, Any]:
-    log.warning("correction of step %s by %s failed: %s", step.id, name, error)
     return {
         "status": "failed",
         "error": error,
@@ -412,6 +452,9 @@ def _insert_new(
 ) -> set[int]:
     """Insert the rows of steps no other writer finished meanwhile; their step ids.
     PostgreSQL: one statement that skips the rows another writer got first. SQLite (one writer
+    for r in rows:
+        if r["step_id"] in written:
+            _log_outcome(r["step_id"], corrector_name, r)
     at a time): one insert, or, if it collides after all, the steps one by one."""
     table = cast(Table, models.Correction.__table__)
     if session.get_bind().dialect.name == "postgresql":

@@ -22,6 +22,7 @@ from services.api.auth import COOKIE_NAME, lookup_token, raw_token
 from services.api.deps import get_db
 from services.api.diff import readable, word_diff  # noqa: F401 - readable: tests import it here
 from services.api.launch import check_launch
+from services.controller.correction_stats import failure_reasons
 from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken
 from shared.schemas import RunConfig
 
@@ -120,7 +121,7 @@ def login(
 
 
 @router.api_route("/logout", methods=["GET", "POST"])
-def logout() -> RedirectResponse:
+def logout(request: Request) -> RedirectResponse:
     """Forget the token cookie."""
     response = RedirectResponse("/login", status.HTTP_303_SEE_OTHER)
     response.delete_cookie(COOKIE_NAME, path="/")
@@ -296,6 +297,7 @@ def run_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
         config_toml=service.config_toml(run),
         cost=service.corrector_cost(db, run.id) if service.sends_to_corrector(run) else None,
     )
+        failure_reasons=failure_reasons(db, run.id) if latest.get("corrections_alarm") else [],
     if flash:  # shown once
         page.delete_cookie(FLASH_COOKIE, path=f"/runs/{run_id}")
     return page

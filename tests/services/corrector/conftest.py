@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -66,6 +66,8 @@ class FakeOpenAI:
     def __init__(self) -> None:
         self.script: list[Reply] = []
         self.default: Reply | None = None
+        # Set: the reply made from each request's JSON body (a server that reads the prompt).
+        self.respond: Callable[[dict[str, Any]], Reply] | None = None
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         # Set: one request at a time, like llama.cpp's server with one slot; the others queue.
@@ -92,6 +94,8 @@ class FakeOpenAI:
                         }
                     )
                     reply = fake.script.pop(0) if fake.script else fake.default
+                    if not fake.script and fake.respond is not None and reply is None:
+                        reply = fake.respond(body)
                 reply = reply or Reply(status=500, body={"error": {"message": "script exhausted"}})
                 if fake.serial is not None:
                     with fake.serial:
