@@ -202,7 +202,7 @@ def test(name: str, task: str, seed: int) -> None:
 
     with _registry_session() as s:
         row = _find(s, name)
-        result = try_corrector(row, get_settings(), task, seed)
+        result = try_corrector(row, get_settings(), task, seed, probe=True)
     click.echo(
         f"{'ok' if result.ok else 'FAILED'} in {result.latency_ms:.0f} ms, "
         f"{result.attempts} request(s), {result.tokens} tokens"
@@ -214,6 +214,8 @@ def test(name: str, task: str, seed: int) -> None:
     else:
         click.echo(f"error: {result.error}")
     click.echo(f"raw answer: {result.raw if result.raw is not None else '(none)'}")
+    if result.structured:
+        click.echo(result.structured)
     if not result.ok:
         sys.exit(1)
 

@@ -80,6 +80,4 @@ def public_error(e: CorrectorError) -> str:
         if "does not resolve" in e.reason:
             return "transport: the host name does not resolve"
         return "transport: the endpoint could not be reached (refused, reset or timed out)"
-    if e.kind == "malformed":
-        return "malformed: the answer is not a valid correction"
-    return stored_error(e)
+    return stored_error(e)  # malformed: our parser's reason ("answer is not JSON" ...)

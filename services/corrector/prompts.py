@@ -164,3 +164,67 @@ def text_only(text: str) -> str:
 def inline_solutions(solutions: str) -> str:
     """The solver's answer for endpoints without tool calling."""
     return f"[Result of {TOOL_NAME} for the cards shown]\n{solutions}"
+
+
+# One worked answer per task (another state than the step's), for a server that does not enforce
+# the answer's schema: a small model copies a shape it has seen far more reliably than one it is
+# told about. The answers follow QUESTIONS in number and order.
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "numberline": {
+        "answer1": "current 3, target 1; the thought reads current 1 and target 3: no match",
+        "answer2": "no: 3 > 1, so '-' brings the current number closer",
+        "evaluation": "NO",
+        "correction": {"current number": 3, "target number": 1, "thoughts": "3 > 1, I choose '-'"},
+    },
+    "blackjack": {
+        "answer1": "player 10 + 9 = 19, dealer shows 7; the thought says 19 against 7: it matches",
+        "answer2": "no: hitting on 19 busts on most cards; stand",
+        "evaluation": "NO",
+        "correction": {"thoughts": "I have 19, the dealer shows 7, so I stand"},
+    },
+    "ezpoints": {
+        "answer1": "cards 4 and 3; the thought reads [4, 3]: they match",
+        "answer2": "4 + 3 = 7, not 12; 4 * 3 = 12",
+        "answer3": "no: the formula is '4', the next token is '*'",
+        "evaluation": "NO",
+        "correction": {
+            "cards": [4, 3],
+            "formula": "4",
+            "thoughts": "4 * 3 = 12, next I append '*'",
+        },
+    },
+    "points24": {
+        "answer1": "cards 2, 3, 4 and 1",
+        "answer2": "the thought reads [2, 3, 4, 1]: they match",
+        "answer3": "no: the thought proposes (2+3)*4+1 = 21; 2*3*4*1 = 24 is a solution",
+        "answer4": "no: the formula is '2', the next token is '*'",
+        "evaluation": "NO",
+        "correction": {
+            "cards": [2, 3, 4, 1],
+            "formula": "2",
+            "thoughts": "2*3*4*1 = 24, next I append '*'",
+        },
+        "possible_solution": "YES",
+        "target_formula": "2*3*4*1",
+    },
+    "alfworld": {
+        "answer1": "put a clean mug in the coffee machine; the mug is not taken yet",
+        "answer2": "no: the thought says the mug is held, the observation says it is on the table",
+        "answer3": "no: 'take mug 1 from table 1' is admissible and comes first",
+        "evaluation": "NO",
+        "correction": {"thoughts": "the mug is on table 1: I take mug 1 from table 1"},
+    },
+}
+
+
+def answer_format(task: str, schema: dict[str, Any] | None, keys: list[str]) -> str:
+    """The answer's JSON schema and one worked example, for a prompt to a server that does not
+    enforce structured output (it ignores ``response_format``, or was only asked for JSON)."""
+    example = dict(EXAMPLES[task])
+    shown = example["correction"]
+    example["correction"] = {k: shown.get(k, "...") for k in keys}
+    lines = ["Your answer is one JSON object and nothing else: no prose before or after it."]
+    if schema is not None:
+        lines.append("It fits this JSON schema: " + json.dumps(schema, separators=(",", ":")))
+    lines.append("A worked example, for another state: " + json.dumps(example, ensure_ascii=False))
+    return "\n".join(lines)

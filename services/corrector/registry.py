@@ -17,6 +17,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from services.corrector.base import CallTrace, CorrectorError
 from services.corrector.egress import public_error
 from services.corrector.keys import encrypt_key
+from services.corrector.remote import SCHEMA_LEVELS, Honoured, OpenAICorrector
 from services.corrector.rows import InvalidCorrector, RegistryError, check_row
 from services.corrector.schemas import (
     CorrectorCreate,
@@ -154,14 +155,18 @@ def sample_request(task: str, seed: int) -> CorrectionRequest:
 
 
 def try_corrector(
-    row: models.Corrector, settings: Settings, task: str, seed: int
+    row: models.Corrector, settings: Settings, task: str, seed: int, probe: bool = False
 ) -> CorrectorTestResult:
-    """One sample correction without retries; reports the verdict and latency, or the error."""
+    """One sample correction without retries; reports the verdict and latency, or the error.
+    ``probe``: first find out which structured output the endpoint enforces (a few requests)."""
     sample = sample_request(task, seed)
     start = time.perf_counter()
     trace = CallTrace()
+    structured = None
     try:
         corrector = corrector_from_row(row, settings, overrides={"max_retries": 0})
+        if probe and isinstance(corrector, OpenAICorrector):  # what the server honours
+            structured = describe_probe(corrector.probe(trace))
         result = corrector.correct(sample, trace)
     except CorrectorError as e:
         # A category, never the remote's error text: /test must not read other hosts' answers
@@ -173,6 +178,7 @@ def try_corrector(
             raw=(e.raw or trace.raw) if e.kind != "transport" else None,
             tokens=trace.tokens,
             attempts=trace.attempts,
+            structured=structured,
         )
     except Exception:  # noqa: BLE001 - e.g. a stored key no HTTP header can carry
         log.exception("sample call of corrector %s failed", row.name)
@@ -187,6 +193,30 @@ def try_corrector(
         tokens=result.tokens,
         raw=trace.raw,
         attempts=trace.attempts,
+        structured=structured,
+    )
+
+
+def describe_probe(found: list[Honoured]) -> str:
+    """One plain line: what the endpoint did at each level, and what the corrector does now.
+    A failure is named by its category only, never the remote's words (as ``/test``)."""
+    if not found:
+        return "structured output: not asked for (params.structured = none)"
+    said = ", ".join(f"{h.level} {h.outcome}" for h in found)
+    last = found[-1]
+    if last.outcome == "failed":
+        why = public_error(last.error) if last.error else "no answer"
+        return f"structured output: {said} ({why}); not known"
+    if last.outcome == "enforced" and last.level in SCHEMA_LEVELS:
+        return f"structured output: {said}: the answer's schema is enforced with {last.level}"
+    if last.outcome == "enforced":
+        return (
+            f"structured output: {said}: JSON is enforced, the schema is NOT; the prompt "
+            "carries the schema and a worked example"
+        )
+    return (
+        f"structured output: {said}: the schema is NOT enforced by this server; the prompt "
+        "carries the schema and a worked example, and answers are parsed from free text"
     )
 
 

@@ -4,6 +4,7 @@ a circuit breaker per endpoint."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -187,7 +188,41 @@ class Rejected(CorrectorError):
 # Structured output, most to least constrained; a server refusing one (400/422) gets the next.
 # llama-cpp-python knows only json_object, but takes a schema inside it (grammar-constrained).
 LEVELS = ("json_schema", "json_object_schema", "json_object", "none")
+SCHEMA_LEVELS = ("json_schema", "json_object_schema")
 _FIRST_LEVEL = {"auto": 0, "json_schema": 0, "json_object": 2, "none": 3}
+
+
+@dataclass(frozen=True)
+class Honoured:
+    """What an endpoint did with one level of structured output (``OpenAICorrector.probe``)."""
+
+    level: str  # one of LEVELS
+    outcome: Literal["enforced", "ignored", "refused", "failed"]
+    answer: str  # the answer's start ("" when there was none)
+    error: CorrectorError | None = None  # why it was refused or failed
+
+
+# The probe asks for something a model never writes unless a decoder forces it.
+PROBE_PROMPT = "Name one colour, in one word."
+PROBE_ANSWER = {"probe": "kiwi-7"}
+PROBE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"probe": {"type": "string", "enum": ["kiwi-7"]}},
+    "required": ["probe"],
+    "additionalProperties": False,
+}
+
+
+def _probe_outcome(level: str, answer: str) -> Literal["enforced", "ignored"]:
+    """A schema level is enforced when the answer is the schema's only value; plain
+    json_object when the answer is a JSON object at all."""
+    try:
+        value = json.loads(answer)
+    except ValueError:
+        return "ignored"
+    if level in SCHEMA_LEVELS:
+        return "enforced" if value == PROBE_ANSWER else "ignored"
+    return "enforced" if isinstance(value, dict) else "ignored"
 
 
 @dataclass(frozen=True)
@@ -214,6 +249,9 @@ class OpenAICorrector(_Remote):
         # What the endpoint accepts, learnt from its refusals (400/422) and kept from then on.
         self._tools_ok = self.params.tools
         self._level = _FIRST_LEVEL[self.params.structured] if self.params.json_mode else 3
+        # False once the endpoint is known to ignore the answer's schema (a probe, or an answer
+        # that did not fit it): from then on the prompt carries the schema and an example.
+        self.schema_enforced: bool | None = None
         # Imported here: the SDK costs seconds at every start of ``gtr train`` and the API,
         # which load this module for the oracle and the launch checks too.
         import openai
@@ -230,13 +268,24 @@ class OpenAICorrector(_Remote):
         keys = list(thought_of(output)) if output else ["thoughts"]
         while True:
             try:
-                content = self._ask(req, output, keys, trace)
+                content, constrained = self._ask(req, output, keys, trace)
                 break
             except Rejected as e:
                 if not self._degrade(req, e):
                     raise
         trace.raw = content[:20_000]  # audit copy; a huge answer must not bloat the table
-        return to_correction(req.task, content, keys)
+        try:
+            return to_correction(req.task, content, keys)
+        except CorrectorError:
+            if constrained and self.schema_enforced is not False:
+                # A schema-constrained decoder cannot write this: the server ignores the field.
+                self.schema_enforced = False
+                log.warning(
+                    "%s answered outside the requested JSON schema: it does not enforce "
+                    "structured output; the prompt now carries the schema and an example",
+                    self.base_url,
+                )
+            raise
 
     def _degrade(self, req: CorrectionRequest, e: Rejected) -> bool:
         """After a refusal, ask for less: first no tools (the solver's answer inlined), then a
@@ -260,12 +309,54 @@ class OpenAICorrector(_Remote):
         return True
 
     def _ask(
+    def probe(self, trace: CallTrace | None = None) -> list[Honoured]:
+        """Asks for a trivial JSON schema at each structured-output level still allowed, most
+        constrained first, and checks the answer: what the endpoint enforces, ignores (answers
+        200 in its own shape) or refuses. Sets the level later calls use, and whether their
+        prompt must carry the schema. Stops at the first schema enforced, or an endpoint down."""
+        check_destination(self.base_url)
+        trace = trace or CallTrace()
+        found: list[Honoured] = []
+        for i in range(self._level, len(LEVELS) - 1):
+            level = LEVELS[i]
+            kwargs = {
+                "model": self.model,
+                "messages": [{"role": "user", "content": PROBE_PROMPT}],
+                "temperature": 0,
+                "max_tokens": 40,
+                "response_format": _response_format(level, PROBE_SCHEMA),
+            }
+            trace.attempts += 1
+            try:
+                message = self._send(kwargs).choices[0].message
+            except Rejected as e:
+                found.append(Honoured(level, "refused", "", e))
+                continue
+            except Retryable as e:  # down or overloaded: nothing learnt
+                found.append(Honoured(level, "failed", "", CorrectorError("transport", str(e))))
+                return found
+            except (CorrectorError, AttributeError, IndexError) as e:
+                why = e if isinstance(e, CorrectorError) else CorrectorError("malformed", str(e))
+                found.append(Honoured(level, "failed", "", why))
+                return found
+            answer = str(getattr(message, "content", None) or "")
+            outcome = _probe_outcome(level, answer)
+            found.append(Honoured(level, outcome, answer[:120]))
+            if outcome == "enforced":
+                self._level = i
+                self.schema_enforced = level in SCHEMA_LEVELS
+                return found
+        self._level = len(LEVELS) - 1
+        self.schema_enforced = False
+        return found
+
         self,
         req: CorrectionRequest,
         output: dict[str, Any] | None,
         keys: list[str],
         trace: CallTrace,
-    ) -> str:
+    ) -> tuple[str, bool]:
+        """The model's answer, and whether a schema constrained it (as far as we know)."""
         call = _Call(
             tools=req.task == "points24" and self._tools_ok,
             level=LEVELS[self._level],
@@ -275,13 +366,25 @@ class OpenAICorrector(_Remote):
         # The solver's answer is inlined only for an endpoint that refused tool calls; with
         # tools off there is no solver at all (the no-tool ablation).
         inline = req.task == "points24" and self.params.tools and not call.tools
-        return self._converse(self._messages(req, output, keys, inline), call, trace)
+        # Tools force plain json_object (a schema would forbid the tool call).
+        constrained = call.level in SCHEMA_LEVELS and not call.tools
+        described = not constrained or self.schema_enforced is False
+        fmt = prompts.answer_format(req.task, call.schema, keys) if described else None
+        messages = self._messages(req, output, keys, inline, fmt)
+        return self._converse(messages, call, trace), constrained and not described
 
     def _messages(
-        self, req: CorrectionRequest, output: dict[str, Any] | None, keys: list[str], inline: bool
+        self,
+        req: CorrectionRequest,
+        output: dict[str, Any] | None,
+        keys: list[str],
+        inline: bool,
+        fmt: str | None = None,
     ) -> list[dict[str, Any]]:
         system, text = self._prompt(req, output, keys)
         if not self.params.vision:
+        if fmt is not None:  # structure not enforced: the schema and a worked example
+            system += "\n\n" + fmt
             # Text-only: the prompt speaks of the observation below, never of an image.
             system = prompts.text_only(system)
             seen = prompts.describe_state(req.state) if req.state else f"[Prompt] {req.prompt}"

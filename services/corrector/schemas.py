@@ -142,6 +142,11 @@ class CorrectorTestResult(BaseModel):
     error: str | None = None
     raw: str | None = Field(default=None, description="The model's answer as it came")
     attempts: int = Field(default=0, description="HTTP requests the test made")
+    structured: str | None = Field(
+        default=None,
+        description="What the endpoint did with structured output (kind openai): enforced, "
+        "ignored or refused at each level tried, and what the corrector does about it",
+    )
 
 
 class CorrectorStats(BaseModel):
