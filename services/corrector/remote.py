@@ -308,7 +308,6 @@ class OpenAICorrector(_Remote):
         )
         return True
 
-    def _ask(
     def probe(self, trace: CallTrace | None = None) -> list[Honoured]:
         """Asks for a trivial JSON schema at each structured-output level still allowed, most
         constrained first, and checks the answer: what the endpoint enforces, ignores (answers
@@ -350,6 +349,7 @@ class OpenAICorrector(_Remote):
         self.schema_enforced = False
         return found
 
+    def _ask(
         self,
         req: CorrectionRequest,
         output: dict[str, Any] | None,
@@ -382,9 +382,9 @@ class OpenAICorrector(_Remote):
         fmt: str | None = None,
     ) -> list[dict[str, Any]]:
         system, text = self._prompt(req, output, keys)
-        if not self.params.vision:
         if fmt is not None:  # structure not enforced: the schema and a worked example
             system += "\n\n" + fmt
+        if not self.params.vision:
             # Text-only: the prompt speaks of the observation below, never of an image.
             system = prompts.text_only(system)
             seen = prompts.describe_state(req.state) if req.state else f"[Prompt] {req.prompt}"
@@ -517,7 +517,7 @@ class HttpCorrector(_Remote):
     ) -> None:
         super().__init__(base_url, params, budget)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = http_client(self.params.timeout_s, headers)  # follows no redirect
+        self.client = httpx.Client(timeout=self.params.timeout_s, headers=headers)
 
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
         body = req.model_dump(mode="json")
