@@ -402,12 +402,12 @@ class ThreadCorrections:
         with self._lock:
             return self._queued.intersection(step_ids)
 
-    def close(self, wait: bool = True) -> None:
-        """Finish every queued correction; or (a cancelled run) drop the queued ones and leave
     def in_flight(self, step_ids: list[int]) -> set[int]:
         with self._lock:
             return self._running.intersection(step_ids)
 
+    def close(self, wait: bool = True) -> None:
+        """Finish every queued correction; or (a cancelled run) drop the queued ones and leave
         those in flight to end in the background, however slow the corrector."""
         self.pool.shutdown(wait=wait, cancel_futures=not wait)
 

@@ -207,6 +207,8 @@ def test(name: str, task: str, seed: int) -> None:
         f"{'ok' if result.ok else 'FAILED'} in {result.latency_ms:.0f} ms, "
         f"{result.attempts} request(s), {result.tokens} tokens"
     )
+    if result.structured:
+        click.echo(result.structured)
     if result.ok:
         click.echo(f"verdict: {result.verdict}")
         if result.corrected_thought:
@@ -214,8 +216,6 @@ def test(name: str, task: str, seed: int) -> None:
     else:
         click.echo(f"error: {result.error}")
     click.echo(f"raw answer: {result.raw if result.raw is not None else '(none)'}")
-    if result.structured:
-        click.echo(result.structured)
     if not result.ok:
         sys.exit(1)
 

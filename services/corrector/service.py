@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from services.corrector.base import BatchCorrector, CallTrace, Corrector, CorrectorError
 from services.corrector.egress import stored_error
 from services.corrector.keys import decrypt_key
-from services.corrector.oracle import OracleCorrector, accurate
+from services.corrector.oracle import OracleCorrector
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
 from services.corrector.rows import RegistryError, inline_row
@@ -186,6 +186,7 @@ def record_correction(
                     setattr(row, key, value)
                 session.add(row)
             count_corrected(session, step, values)
+            _log_outcome(step.id, corrector_name, values)
             return row
         except IntegrityError:
             row = _existing(session, step_id, corrector_name)
@@ -198,26 +199,13 @@ def record_correction(
     )
     if finished.rowcount == 1:  # type: ignore[attr-defined]
         count_corrected(session, step, values)
-            _log_outcome(step.id, corrector_name, values)
+        _log_outcome(step.id, corrector_name, values)
     session.refresh(row)
+    if finished.rowcount != 1:  # type: ignore[attr-defined]
+        _log_outcome(step.id, corrector_name, values, stored=row)
     return row
 
 
-def count_corrected(session: Session, step: models.Step, values: dict[str, Any]) -> None:
-    """A step the corrector disagreed with counts once in its episode's ``corrected_steps``.
-
-    Called only by the writer that moved the correction out of 'pending' (exactly once per
-    step and corrector), so an atomic increment is right under concurrent workers and also for
-    a correction that arrives after its update was trained or its episode closed."""
-    if values.get("status") == "done" and values.get("verdict") == "incorrect":
-        session.execute(
-        _log_outcome(step.id, corrector_name, values)
-            update(models.Episode)
-    if finished.rowcount != 1:  # type: ignore[attr-defined]
-        _log_outcome(step.id, corrector_name, values, stored=row)
-            .where(models.Episode.id == step.episode_id)
-            .values(corrected_steps=models.Episode.corrected_steps + 1)
-        )
 def _log_outcome(
     step_id: int, name: str, values: dict[str, Any], stored: models.Correction | None = None
 ) -> None:
@@ -239,6 +227,18 @@ def _log_outcome(
         log.warning("correction of step %s by %s failed: %s", step_id, name, values["error"])
 
 
+def count_corrected(session: Session, step: models.Step, values: dict[str, Any]) -> None:
+    """A step the corrector disagreed with counts once in its episode's ``corrected_steps``.
+
+    Called only by the writer that moved the correction out of 'pending' (exactly once per
+    step and corrector), so an atomic increment is right under concurrent workers and also for
+    a correction that arrives after its update was trained or its episode closed."""
+    if values.get("status") == "done" and values.get("verdict") == "incorrect":
+        session.execute(
+            update(models.Episode)
+            .where(models.Episode.id == step.episode_id)
+            .values(corrected_steps=models.Episode.corrected_steps + 1)
+        )
 
 
 def _outcome(
@@ -279,11 +279,10 @@ def _answer(
     try:
         if budget is not None:
             budget.check()  # spent already: no request is even built
-        req = request()
-        correction = corrector.correct(req, trace)
+        correction = corrector.correct(request(), trace)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
         return _error(step, name, trace, start, e)
-    return _done(correction, trace, req)
+    return _done(correction, trace)
 
 
 def _answer_many(
@@ -316,11 +315,11 @@ def _answer_many(
                 raise RuntimeError(f"{len(results)} answers to {len(sent)} requests")
         except Exception as e:  # noqa: BLE001 - the whole call failed: every step records why
             results = [e] * len(sent)
-        for (i, req), result in zip(sent, results, strict=True):
+        for (i, _), result in zip(sent, results, strict=True):
             out[i] = (
                 _error(steps[i], name, traces[i], start, result)
                 if isinstance(result, Exception)
-                else _done(result, traces[i], req)
+                else _done(result, traces[i])
             )
     return [out[i] for i in range(len(steps))]
 
@@ -334,27 +333,12 @@ def _error(
     return _failure(step, name, trace, start, f"error: {type(e).__name__}: {str(e)[:500]}")
 
 
-def _done(
-    correction: Correction, trace: CallTrace, req: CorrectionRequest | None = None
-) -> dict[str, Any]:
+def _done(correction: Correction, trace: CallTrace) -> dict[str, Any]:
     return {
         "status": "done",
-def _with_accuracy(correction: Correction, req: CorrectionRequest | None) -> dict[str, Any]:
-    """The answer's extras plus ``accurate``: whether it agrees with the exact judge (verdict and
-    correction, ``oracle.accurate``), which the run's ``corrector/accuracy`` averages."""
-    if req is None or req.state is None:
-        return correction.extras
-    try:
-        verdict = accurate(req, correction)
-    except Exception:  # noqa: BLE001 - a state the judge cannot read costs the figure, not the answer
-        log.exception("exact judge failed on a %s state", req.task)
-        return correction.extras
-    return correction.extras if verdict is None else {**correction.extras, "accurate": verdict}
-
-
         "verdict": correction.verdict,
         "corrected_thought": correction.corrected_thought,
-        "extras": _with_accuracy(correction, req),
+        "extras": correction.extras,
         "reasoning": correction.reasoning,
         "raw": trace.raw,
         "latency_ms": correction.latency_ms,
@@ -440,6 +424,9 @@ def record_corrections(
         base = {"step_id": st.id, "run_id": st.run_id, "update_idx": st.update_idx}
         rows.append(_ROW | base | {"corrector": corrector_name} | values)
     written = _insert_new(session, rows, corrector, blobs) if rows else set()
+    for r in rows:
+        if r["step_id"] in written:
+            _log_outcome(r["step_id"], corrector_name, r)
     _count_corrected_many(session, {st.id: st for st in fresh}, rows, written)
     pending = [st.id for st, _, state in found if state == "pending"]
     for sid in pending:
@@ -452,9 +439,6 @@ def _insert_new(
 ) -> set[int]:
     """Insert the rows of steps no other writer finished meanwhile; their step ids.
     PostgreSQL: one statement that skips the rows another writer got first. SQLite (one writer
-    for r in rows:
-        if r["step_id"] in written:
-            _log_outcome(r["step_id"], corrector_name, r)
     at a time): one insert, or, if it collides after all, the steps one by one."""
     table = cast(Table, models.Correction.__table__)
     if session.get_bind().dialect.name == "postgresql":

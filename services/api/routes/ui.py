@@ -121,7 +121,7 @@ def login(
 
 
 @router.api_route("/logout", methods=["GET", "POST"])
-def logout(request: Request) -> RedirectResponse:
+def logout() -> RedirectResponse:
     """Forget the token cookie."""
     response = RedirectResponse("/login", status.HTTP_303_SEE_OTHER)
     response.delete_cookie(COOKIE_NAME, path="/")
@@ -286,6 +286,7 @@ def run_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
         request,
         "run.html",
         me,
+        failure_reasons=failure_reasons(db, run.id) if latest.get("corrections_alarm") else [],
         run=run,
         latest=latest,
         timing=service.run_timing(db, run),
@@ -297,7 +298,6 @@ def run_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
         config_toml=service.config_toml(run),
         cost=service.corrector_cost(db, run.id) if service.sends_to_corrector(run) else None,
     )
-        failure_reasons=failure_reasons(db, run.id) if latest.get("corrections_alarm") else [],
     if flash:  # shown once
         page.delete_cookie(FLASH_COOKIE, path=f"/runs/{run_id}")
     return page
