@@ -12,6 +12,11 @@ CHECKPOINT_NOT_FOUND = (
     "no policy checkpoint (policy.json) with that id or path in the checkpoint store"
 )
 MODEL_NOT_FOUND = "no model (config.json) at that path under the model folders"
+GAMES_NOT_FOUND = (
+    "no ALFWorld games folder at that path under the games folders (data_dir/games, "
+    "GTR_GAMES_ROOTS)"
+)
+MAX_GAMES_FOLDERS = 64
 _RUN_DIR = re.compile(r"^run-(\d+)$")
 
 
@@ -33,6 +38,24 @@ def confined(text: str, roots: Sequence[Path], marker: str | None = None) -> Pat
     except (OSError, ValueError):  # a name too long, a NUL byte, a loop of links
         return None
     return path
+
+
+def confined_games(value: object, roots: Sequence[Path]) -> str | list[str] | None:
+    """ALFWorld's ``env.options.games`` (a folder, or a list of them, or a game file, each
+    under one of `roots`) resolved; None when any is outside, absent or not a path."""
+    folders = value if isinstance(value, list) else [value]
+    if not folders or len(folders) > MAX_GAMES_FOLDERS:
+        return None
+    resolved = []
+    for folder in folders:
+        path = confined(folder, roots) if isinstance(folder, str) else None
+        try:
+            if path is None or not path.exists():
+                return None
+        except OSError:  # a name too long
+            return None
+        resolved.append(str(path))
+    return resolved if isinstance(value, list) else resolved[0]
 
 
 def run_of_checkpoint(path: Path, store: Path) -> int | None:

@@ -324,8 +324,9 @@ class CorrectorConfig(_Strict):
     api_key_env: str | None = Field(
         None,
         max_length=100,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="Inline: the environment variable holding the API key",
+        # The registry's rule (services/corrector/schemas.py ENV_RE), refused at launch already
+        pattern=r"^GTR_CORRECTOR_KEY_[A-Z0-9_]{1,80}$",
+        description="Inline: the environment variable holding the API key (GTR_CORRECTOR_KEY_*)",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Inline: RemoteParams (timeout_s, vision, ...)"

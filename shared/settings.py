@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -85,6 +86,16 @@ class Settings(BaseSettings):
     checkpoint_roots: list[Path] = Field(
         default_factory=list,
         description="Folders besides checkpoint_dir under which init.checkpoint may lie",
+    )
+    games_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders besides data_dir/games under which a run's or an env session's "
+        "ALFWorld env.options.games may lie (the ALFWorld data set's folder, e.g.)",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks of reverse proxies whose X-Forwarded-For/-Proto the "
+        "servers believe; none = the peer's own address is the client's (rate limits)",
     )
     env_max_sessions: int = Field(256, ge=1, description="Env service: most sessions at once")
     env_max_image_size: int = Field(
@@ -185,6 +196,18 @@ class Settings(BaseSettings):
     @property
     def cache_path(self) -> Path:
         return self.cache_dir or self.data_dir / "cache"
+
+    @property
+    def games_paths(self) -> list[Path]:
+        """Where ALFWorld games named by a run or an env session may lie."""
+        return [self.data_dir / "games", *self.games_roots]
+
+    def uvicorn_proxy_options(self) -> dict[str, Any]:
+        """uvicorn's trust in proxy headers: only from GTR_TRUSTED_PROXIES. Left alone, uvicorn
+        believes X-Forwarded-For from 127.0.0.1, so anything on the host picks its address."""
+        if not self.trusted_proxies:
+            return {"proxy_headers": False}
+        return {"proxy_headers": True, "forwarded_allow_ips": list(self.trusted_proxies)}
 
 
 @lru_cache

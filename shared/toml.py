@@ -1,7 +1,8 @@
 """A small TOML writer for run configs (the standard library only reads TOML).
 
 Tables become ``[a.b]`` sections, scalars and lists of scalars are written inline; ``None``
-(TOML has no null) is left out, which reads back as the field's default of None."""
+(TOML has no null) is left out, which reads back as the field's default of None; a list holding
+one has no TOML form (NoToml)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import re
 from typing import Any
 
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class NoToml(ValueError):
+    """The data has no TOML form that reads back equal."""
 
 
 def _key(k: str) -> str:
@@ -32,7 +37,9 @@ def _value(v: Any) -> str:
         # A JSON string is a TOML basic string, but for DEL, which TOML wants escaped.
         return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v if x is not None) + "]"
+        if any(x is None for x in v):  # dropping it would shift the others: a different list
+            raise NoToml("a list holds null, which TOML cannot write")
+        return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, dict):
         inner = ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items() if x is not None)
         return "{ " + inner + " }" if inner else "{}"

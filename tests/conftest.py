@@ -82,6 +82,10 @@ def pytest_configure(config: pytest.Config) -> None:
     tmp_root = json.dumps([str(Path(tempfile.gettempdir()).resolve())])
     os.environ.setdefault("GTR_CHECKPOINT_ROOTS", tmp_root)
     os.environ.setdefault("GTR_MODEL_ROOTS", tmp_root)
+    # ALFWorld games: made under the temporary folder, or the sample beside the repository.
+    sample = Path(os.environ.get("GTR_ALFWORLD_SAMPLE", ROOT.parent / "shared" / "alfworld_sample"))
+    games = [str(Path(tempfile.gettempdir()).resolve()), str(sample.resolve().parent)]
+    os.environ.setdefault("GTR_GAMES_ROOTS", json.dumps(games))
     # One torch thread per process: tests run several processes on 2 cores (workers, servers).
     os.environ.setdefault("GTR_TORCH_THREADS", "1")
     _state["data_dir"] = data_dir

@@ -69,16 +69,22 @@ def raw_token(request: Request) -> str | None:
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
+def from_our_pages(request: Request) -> bool:
+    """The request comes from our own origin: its Origin (when sent) is ours, and a browser that
+    says where it comes from (Sec-Fetch-Site) says same-origin, or none for a typed address.
+    A sibling subdomain (same-site) is another origin, so it does not pass."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+        return False
+    return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
+
+
 def check_cookie_origin(request: Request) -> None:
     """A write authenticated by the cookie alone must come from our own pages: a foreign
     Origin (or a browser saying cross-site) is refused. Bearer-token clients send no cookie."""
     if request.method in SAFE_METHODS or request.headers.get("authorization"):
         return
-    if not request.cookies.get(COOKIE_NAME):
-        return
-    origin = request.headers.get("origin")
-    foreign = origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/")
-    if foreign or request.headers.get("sec-fetch-site") == "cross-site":
+    if request.cookies.get(COOKIE_NAME) and not from_our_pages(request):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, "cross-origin request with the login cookie rejected"
         )

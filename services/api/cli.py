@@ -17,7 +17,8 @@ def serve(host: str, port: int, workers: int) -> None:
 
     from shared.service_auth import serve_settings
 
-    if serve_settings().database_url is None:
+    settings = serve_settings()
+    if settings.database_url is None:
         from shared.db.migrate import ensure_schema
 
         ensure_schema()
@@ -33,6 +34,7 @@ def serve(host: str, port: int, workers: int) -> None:
         log_config=uvicorn_log_config(),
         # SIGTERM: open requests get this long, then the server stops anyway (k8s grace is 30 s).
         timeout_graceful_shutdown=GRACE_S,
+        **settings.uvicorn_proxy_options(),
     )
 
 

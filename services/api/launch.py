@@ -1,6 +1,6 @@
-"""What a run config may name, checked at launch against the launching team: its base model and
-its starting checkpoint (its corrector: ``service.check_corrector``). Each refusal is a 422
-naming the field."""
+"""What a run config may name, checked at launch against the launching team: its base model,
+its starting checkpoint and ALFWorld's games (its corrector: ``service.check_corrector``). Each
+refusal is a 422 naming the field."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from sqlalchemy.orm import Session
 
 from services.api.service import Invalid
 from shared.db.models import Run
-from shared.paths import CHECKPOINT_NOT_FOUND, MODEL_NOT_FOUND, confined, run_of_checkpoint
+from shared.paths import (
+    CHECKPOINT_NOT_FOUND,
+    GAMES_NOT_FOUND,
+    MODEL_NOT_FOUND,
+    confined,
+    confined_games,
+    run_of_checkpoint,
+)
 from shared.schemas import RunConfig
 from shared.settings import Settings, get_settings
 
@@ -33,6 +40,13 @@ def check_launch(
     if config.init.kind == "checkpoint" and config.init.checkpoint:
         path = _checkpoint(session, config.init.checkpoint, team, settings)
         updates["init"] = config.init.model_copy(update={"checkpoint": str(path)})
+    options = config.env.options
+    if config.task == "alfworld" and options.get("games") is not None:
+        games = confined_games(options["games"], settings.games_paths)
+        if games is None:
+            raise Invalid(("env", "options", "games"), GAMES_NOT_FOUND)
+        env = config.env.model_copy(update={"options": {**options, "games": games}})
+        updates["env"] = env
     return config.model_copy(update=updates) if updates else config
 
 

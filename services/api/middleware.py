@@ -96,11 +96,16 @@ class BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # never limited: probes and scrapes
+
+
 class RateLimit(BaseHTTPMiddleware):
     """Sliding one-minute windows: requests per API token (or client address without one) on
-    /api, and failed authentications (401s, failed logins) per client address on /api and
-    `POST /login`. Wrong tokens are counted against the address, so changing the token does not
-    escape the limit. Both tables keep at most `max_keys` keys (least recently seen dropped)."""
+    /api, and failed authentications (401s, failed logins, a wrong cookie on a page) per client
+    address. Wrong tokens are counted against the address, so changing the token does not
+    escape the limit; an address over it gets 429 on every path but the probes'. Both tables
+    keep at most `max_keys` keys (least recently seen dropped). The address is the peer's, or
+    the one a trusted proxy forwarded (uvicorn's ``forwarded_allow_ips``: GTR_TRUSTED_PROXIES)."""
 
     def __init__(  # type: ignore[no-untyped-def]
         self, app, per_minute: int, failures_per_minute: int = 0, max_keys: int = 10_000
@@ -136,8 +141,7 @@ class RateLimit(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         path = request.url.path
-        login = path == "/login" and request.method == "POST"
-        if not (path.startswith("/api") or login):
+        if path in PROBES:
             return await call_next(request)
         now, address = time.monotonic(), _address(request)
         with self.lock:
@@ -147,7 +151,7 @@ class RateLimit(BaseHTTPMiddleware):
                     return self._refuse(
                         failed, now, "too many failed authentications from this address"
                     )
-            if self.per_minute > 0 and not login:
+            if self.per_minute > 0 and path.startswith("/api"):
                 window = self._window(self.hits, self._key(request), now)
                 if len(window) >= self.per_minute:
                     return self._refuse(
@@ -155,7 +159,8 @@ class RateLimit(BaseHTTPMiddleware):
                     )
                 window.append(now)
         response = await call_next(request)
-        if self.failures_per_minute > 0 and response.status_code == 401:
+        failed_auth = response.status_code == 401 or getattr(request.state, "auth_failed", False)
+        if self.failures_per_minute > 0 and failed_auth:
             with self.lock:
                 self._window(self.failures, address, time.monotonic()).append(time.monotonic())
         return response

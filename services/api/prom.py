@@ -1,10 +1,12 @@
 """The API's Prometheus metrics read from the database and Redis at scrape time: runs by status,
-corrections, latency and spend per corrector, the latest update's speed of each running run,
-and the depth of the Celery queues. A scrape is a handful of aggregate queries."""
+corrections, latency and spend per corrector (by registry id: the scrape is open), the latest
+update's speed of each running run, and the depth of the Celery queues. A scrape is a handful of
+aggregate queries."""
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +15,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from shared.db.models import RUN_STATUSES, Correction, Run, Update
+from services.corrector.service import ORACLE
+from shared.db.models import RUN_STATUSES, Correction, Corrector, Run, Update
 from shared.db.session import session_scope
+from shared.schemas import SELF_TEACHER
 from shared.settings import get_settings
 
 log = logging.getLogger("gtr.api")
@@ -52,10 +56,19 @@ def _runs(s: Any) -> Iterator[Metric]:
     yield g
 
 
+def _label(ids: dict[str, int], name: str) -> str:
+    """A corrector's label: its registry id, never its name (the scrape is open and names are
+    teams' own); the built-ins by name, inline ones together."""
+    if name in ids:
+        return str(ids[name])
+    return name if name in (ORACLE, SELF_TEACHER) else "inline"
+
+
 def _corrections(s: Any) -> Iterator[Metric]:
+    ids = {name: cid for name, cid in s.execute(select(Corrector.name, Corrector.id)).all()}
     by = GaugeMetricFamily(
         "gtr_corrections",
-        "Corrections by corrector, status and verdict",
+        "Corrections by corrector (registry id), status and verdict",
         labels=["corrector", "status", "verdict"],
     )
     rows = s.execute(
@@ -63,25 +76,37 @@ def _corrections(s: Any) -> Iterator[Metric]:
             Correction.corrector, Correction.status, Correction.verdict
         )
     ).all()
+    counts: dict[tuple[str, str, str], float] = defaultdict(float)
     for name, status, verdict, n in rows:
-        by.add_metric([name, status, verdict or ""], float(n))
+        counts[(_label(ids, name), status, verdict or "")] += float(n)
+    for key, n in counts.items():
+        by.add_metric(list(key), n)
     yield by
     lat = GaugeMetricFamily(
         "gtr_correction_latency_ms_mean",
-        "Mean latency of finished corrections",
+        "Mean latency of finished corrections, by corrector (registry id)",
         labels=["corrector"],
     )
     spend = GaugeMetricFamily(
-        "gtr_corrector_tokens", "Tokens spent by corrector", labels=["corrector"]
+        "gtr_corrector_tokens", "Tokens spent by corrector (registry id)", labels=["corrector"]
     )
     done = s.execute(
-        select(Correction.corrector, func.avg(Correction.latency_ms), func.sum(Correction.tokens))
+        select(
+            Correction.corrector,
+            func.sum(Correction.latency_ms),
+            func.count(Correction.latency_ms),
+            func.sum(Correction.tokens),
+        )
         .where(Correction.status == "done")
         .group_by(Correction.corrector)
     ).all()
-    for name, avg, tokens in done:
-        lat.add_metric([name], float(avg or 0.0))
-        spend.add_metric([name], float(tokens or 0))
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for name, total_ms, n, tokens in done:
+        acc = sums[_label(ids, name)]
+        acc[0], acc[1], acc[2] = acc[0] + float(total_ms or 0), acc[1] + n, acc[2] + (tokens or 0)
+    for label, (total_ms, n, tokens) in sums.items():
+        lat.add_metric([label], total_ms / n if n else 0.0)
+        spend.add_metric([label], tokens)
     yield lat
     yield spend
 

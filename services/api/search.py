@@ -293,7 +293,8 @@ def search_steps(
         more_before, more_after = bool(after or offset), len(ids) > offset + limit
     rows = session.scalars(select(Step).where(Step.id.in_(page)).order_by(Step.id)).all()
     if (f.q or "").strip():
-        total, capped = offset + len(page), more_after
+        # What was found through this page: an offset past the end found no more than `ids`
+        total, capped = min(len(ids), offset + len(page)), more_after
     else:
         total = _count(session, run, f)
         total, capped = min(total, COUNT_CAP), total > COUNT_CAP

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -250,12 +251,15 @@ def list_episodes(
 
 def config_toml(run: Run, copy: bool = False) -> str:
     """The run's config as TOML: shown on the run page, and (``copy``) for 'clone and edit'."""
-    from shared.toml import dumps
+    from shared.toml import NoToml, dumps
 
     config = dict(run.config)
     if copy:
         config["name"] = f"{run.name} (copy)"[:200]
-    return dumps(config)
+    try:
+        return dumps(config)
+    except NoToml:  # e.g. a null inside a list of env.options: JSON, which the form takes too
+        return json.dumps(config, indent=2, ensure_ascii=False)
 
 
 def get_episode(session: Session, token: ApiToken, episode_id: int) -> Episode:

@@ -93,7 +93,14 @@ def serve(
     from shared.logs import uvicorn_log_config
 
     app = create_app(impl, backend, token, settings)
-    uvicorn.run(app, host=host, port=port, log_level="info", log_config=uvicorn_log_config())
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        log_config=uvicorn_log_config(),
+        **settings.uvicorn_proxy_options(),
+    )
 
 
 # ---- the registry from the command line: the embedded default needs no server ---------------

@@ -5,6 +5,10 @@ multicast, reserved and unspecified addresses, checked on every address the host
 to, so a name, a decimal-encoded IP (``http://2130706433/``) or an IPv4-mapped IPv6 address
 cannot reach them either. An operator with a corrector on the same host or LAN allows them with
 GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS=true.
+
+Redirects are never followed (a public host answering 307 to an internal one would otherwise
+carry a step there): the HTTP client of every corrector kind comes from ``http_client``, which
+answers a 3xx as it is, and checks the destination of every request it sends.
 """
 
 from __future__ import annotations
@@ -12,7 +16,13 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+import httpx
+
+if TYPE_CHECKING:
+    import httpx2
 
 from services.corrector.base import CorrectorError
 from shared.settings import Settings, get_settings
@@ -62,6 +72,34 @@ def check_destination(url: str, settings: Settings | None = None) -> None:
             )
 
 
+def http_client(timeout: float, headers: dict[str, str] | None = None) -> httpx.Client:
+    """The HTTP client of every outbound corrector call: redirects are not followed, and each
+    request's host passes ``check_destination`` just before it is sent."""
+
+    def check(request: httpx.Request) -> None:
+        check_destination(str(request.url))
+
+    return httpx.Client(
+        timeout=timeout, headers=headers, follow_redirects=False, event_hooks={"request": [check]}
+    )
+
+
+def openai_http_client(timeout: float) -> httpx2.Client:
+    """``http_client`` for the OpenAI SDK, which speaks httpx2 (its own default follows
+    redirects)."""
+    import httpx2  # loaded with the SDK, which is imported only when an openai kind is used
+
+    def check(request: httpx2.Request) -> None:
+        check_destination(str(request.url))
+
+    return httpx2.Client(timeout=timeout, follow_redirects=False, event_hooks={"request": [check]})
+
+
+def redirect_note(status: int) -> str:
+    """Said beside a 3xx: the endpoint redirected and we did not follow."""
+    return " (a redirect: corrector calls do not follow redirects)" if 300 <= status < 400 else ""
+
+
 def stored_error(e: CorrectorError) -> str:
     """The `corrections.error` text: our own reason, without the remote's words (an error body
     may echo request headers, keys included); the HTTP status stays."""
@@ -76,7 +114,8 @@ def public_error(e: CorrectorError) -> str:
     if e.kind == "transport":
         status = _HTTP_STATUS.search(e.reason)
         if status:
-            return f"transport: the endpoint answered HTTP {status.group(1)}"
+            code = status.group(1)
+            return f"transport: the endpoint answered HTTP {code}{redirect_note(int(code))}"
         if "does not resolve" in e.reason:
             return "transport: the host name does not resolve"
         return "transport: the endpoint could not be reached (refused, reset or timed out)"

@@ -26,7 +26,7 @@ from services.corrector.base import (
     parse_agent_output,
     thought_of,
 )
-from services.corrector.egress import check_destination
+from services.corrector.egress import check_destination, http_client, openai_http_client
 from services.corrector.resilience import (
     AdaptiveLimit,
     Budget,
@@ -261,6 +261,7 @@ class OpenAICorrector(_Remote):
             base_url=self.base_url,
             max_retries=0,
             timeout=self.params.timeout_s,
+            http_client=openai_http_client(self.params.timeout_s),  # follows no redirect
         )
 
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
@@ -517,7 +518,7 @@ class HttpCorrector(_Remote):
     ) -> None:
         super().__init__(base_url, params, budget)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(timeout=self.params.timeout_s, headers=headers)
+        self.client = http_client(self.params.timeout_s, headers)  # follows no redirect
 
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
         body = req.model_dump(mode="json")

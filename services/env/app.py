@@ -49,11 +49,13 @@ def add_env_routes(app: FastAPI, pool: EnvPool, prefix: str = "") -> None:
 
 
 def pool_from(settings: Settings) -> EnvPool:
-    """A pool bounded as the settings say: session count, image size and idle time."""
+    """A pool bounded as the settings say: session count, image size, idle time and where
+    ALFWorld games may lie."""
     return EnvPool(
         max_sessions=settings.env_max_sessions,
         ttl_s=settings.env_session_ttl_s,
         max_image_size=settings.env_max_image_size,
+        games_roots=settings.games_paths,
     )
 
 

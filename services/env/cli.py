@@ -153,4 +153,10 @@ def serve(host: str, port: int, max_sessions: int | None, ttl: float | None) -> 
     pool.max_sessions = max_sessions or pool.max_sessions
     pool.ttl_s = ttl or pool.ttl_s
     app = create_app(pool, settings)
-    uvicorn.run(app, host=host, port=port, log_config=uvicorn_log_config())
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_config=uvicorn_log_config(),
+        **settings.uvicorn_proxy_options(),
+    )

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from services.env.parser import ParsedOutput
 from services.env.registry import TASKS, make_env
 from services.env.render import display_png
+from shared.paths import GAMES_NOT_FOUND, confined_games
 from shared.schemas import EnvConfig
 
 
@@ -105,8 +107,11 @@ class EnvPool:
         ttl_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         max_image_size: int = 1024,
+        games_roots: Sequence[Path] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
+        # Where ALFWorld games a session names may lie; None (in process) trusts the caller.
+        self.games_roots = list(games_roots) if games_roots is not None else None
         self.ttl_s = ttl_s
         self.max_image_size = max_image_size  # each session holds a few frames of this side
         self._clock = clock
@@ -129,7 +134,7 @@ class EnvPool:
             raise EnvError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise EnvError(f"seed must be a non-negative integer, not {seed!r}")
-        cfg = as_config(config)
+        cfg = self._confine_games(task, as_config(config))
         if cfg.image_size > self.max_image_size:
             raise EnvError(
                 f"image_size {cfg.image_size} is over this service's limit of "
@@ -141,7 +146,7 @@ class EnvPool:
                 raise PoolFull(self._full())
         try:
             env = make_env(task, cfg, seed)
-        except (ValueError, KeyError, FileNotFoundError, ImportError) as e:
+        except (ValueError, KeyError, OSError, ImportError) as e:  # OSError: a name too long ...
             raise EnvError(str(e)) from e
         session = _Session(env, task, cfg, seed, np.random.default_rng(seed), self._clock())
         sid = uuid.uuid4().hex
@@ -150,6 +155,17 @@ class EnvPool:
                 raise PoolFull(self._full())
             self._sessions[sid] = session
         return sid
+
+    def _confine_games(self, task: str, cfg: EnvConfig) -> EnvConfig:
+        """ALFWorld's games folders resolved under ``games_roots``; one answer for absent and
+        not allowed (shared.paths.GAMES_NOT_FOUND)."""
+        games = cfg.options.get("games")
+        if task != "alfworld" or self.games_roots is None or games is None:
+            return cfg
+        confined = confined_games(games, self.games_roots)
+        if confined is None:
+            raise EnvError(f"env.options.games: {GAMES_NOT_FOUND}")
+        return cfg.model_copy(update={"options": {**cfg.options, "games": confined}})
 
     def reset(self, session_id: str, options: dict[str, Any] | None = None) -> Observation:
         """Start a new episode (the first one uses the session's seed); ``options`` fix a deal."""

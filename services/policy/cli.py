@@ -158,4 +158,11 @@ def serve(
     )
     from shared.logs import uvicorn_log_config
 
-    uvicorn.run(app, host=host, port=port, log_level="info", log_config=uvicorn_log_config())
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        log_config=uvicorn_log_config(),
+        **settings.uvicorn_proxy_options(),
+    )

@@ -191,13 +191,19 @@ class PolicyClient:
     def ensure_loaded(self) -> bool:
         """Load our checkpoint again if the service no longer serves it (restarted while we were
         not calling it, it serves its base weights); returns whether it had to."""
-        if self.checkpoint is None or self.health().get("checkpoint") == self.checkpoint:
+        if self.checkpoint is None or self.weights().get("checkpoint") == self.checkpoint:
             return False
         self.load_weights(self.checkpoint)
         return True
 
     def health(self) -> dict[str, Any]:
         r = self._http.get("/healthz", timeout=10)
+        r.raise_for_status()
+        return dict(r.json())
+
+    def weights(self) -> dict[str, Any]:
+        """The model and checkpoint the service serves (``GET /weights``)."""
+        r = self._http.get("/weights", timeout=10)
         r.raise_for_status()
         return dict(r.json())
 

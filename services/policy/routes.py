@@ -30,6 +30,7 @@ from services.policy.schemas import (
     ScoreRequest,
     ScoreResponse,
     Stats,
+    Weights,
     decode_png,
 )
 from services.policy.vllm_backend import served_for_checkpoint
@@ -56,10 +57,16 @@ def _images(state: Any, images: list[str], prompts: list[str]) -> list[Image.Ima
 
 
 @router.get("/healthz")
-def healthz(request: Request) -> dict[str, Any]:
-    """Liveness, and which model and checkpoint are loaded."""
+def healthz() -> dict[str, Any]:
+    """Liveness (open to probes: nothing about the deployment's paths)."""
+    return {"ok": True}
+
+
+@router.get("/weights", response_model=Weights)
+def weights(request: Request) -> Weights:
+    """Which model and checkpoint are loaded."""
     policy = request.app.state.policy
-    return {"ok": True, "model": str(policy.model_path), "checkpoint": request.app.state.checkpoint}
+    return Weights(model=str(policy.model_path), checkpoint=request.app.state.checkpoint)
 
 
 @router.get("/stats", response_model=Stats)

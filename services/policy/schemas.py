@@ -120,6 +120,13 @@ class CheckpointLoad(BaseModel):
     path: str = Field(min_length=1, max_length=1000, description="A folder written by Policy.save")
 
 
+class Weights(BaseModel):
+    """What the service serves (behind the token: paths are the deployment's own)."""
+
+    model: str = Field(description="The base model's folder")
+    checkpoint: str | None = Field(description="The loaded checkpoint, or None: base weights")
+
+
 class Stats(BaseModel):
     batches: int = Field(description="generate() calls made on the model")
     requests: int

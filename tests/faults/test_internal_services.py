@@ -100,7 +100,7 @@ def test_the_policy_service_loads_checkpoints_only_from_its_store(
         _short_error(httpx.post(f"{url}/checkpoints/load", json={"path": "run-7/update-0"}), 401)
         with PolicyClient(url, token=TOKEN) as client:
             client.load_weights("run-7/update-0")  # by id in the store
-            assert client.health()["checkpoint"] == str((store / "run-7" / "update-0").resolve())
+            assert client.weights()["checkpoint"] == str((store / "run-7" / "update-0").resolve())
             client.load_weights(store / "run-7" / "update-0")  # or by its path there
             answers = set()
             for path in [

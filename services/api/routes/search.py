@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import unicodedata
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
@@ -160,7 +161,7 @@ def _json_array(items: Iterator[str]) -> Iterator[str]:
 def _csv(rows: Iterator[dict], columns: list[str]) -> Iterator[str]:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, columns, extrasaction="ignore")
-    writer.writeheader()
+    csv.writer(buf).writerow([_cell(c) for c in columns])  # a metric's name is text too
     for i, row in enumerate(rows):
         writer.writerow({k: _cell(v) for k, v in row.items()})
         if i % 500 == 499:
@@ -170,9 +171,14 @@ def _csv(rows: Iterator[dict], columns: list[str]) -> Iterator[str]:
     yield buf.getvalue()
 
 
+FORMULA_START = ("=", "+", "-", "@")
+
+
 def _cell(v: Any) -> Any:
-    """A spreadsheet runs a cell that starts with = + - @ as a formula: quote model text."""
-    if isinstance(v, str) and len(v) > 1 and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+    """A spreadsheet runs a cell that starts with = + - @ as a formula, after blanks and line
+    breaks, and full-width ＝ too: quote model text."""
+    lead = unicodedata.normalize("NFKC", v.lstrip(" \t\r\n")[:1]) if isinstance(v, str) else ""
+    if isinstance(v, str) and len(v) > 1 and (lead in FORMULA_START or v[:1] in "\t\r\n"):
         return "'" + v
     if isinstance(v, (dict, list)):
         return json.dumps(v)

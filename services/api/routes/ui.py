@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from services.api import service
-from services.api.auth import COOKIE_NAME, lookup_token, raw_token
+from services.api.auth import COOKIE_NAME, from_our_pages, lookup_token, raw_token
 from services.api.deps import get_db
 from services.api.diff import readable, word_diff  # noqa: F401 - readable: tests import it here
 from services.api.launch import check_launch
@@ -47,8 +47,11 @@ PageNo = Annotated[int, Query(ge=1, le=1_000_000)]
 
 def page_token(request: Request, db: Db) -> ApiToken:
     """The cookie's token, or a redirect to the login page that comes back here."""
-    token = lookup_token(db, raw_token(request))
+    raw = raw_token(request)
+    token = lookup_token(db, raw)
     if token is None:
+        # A wrong cookie counts as a failed authentication of this address (middleware.RateLimit)
+        request.state.auth_failed = bool(raw)
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise HTTPException(
             status.HTTP_303_SEE_OTHER, headers={"Location": f"/login?next={quote(target)}"}
@@ -63,9 +66,15 @@ def _writer(request: Request, token: ApiToken) -> None:
     """Write actions need a write token and a same-origin form (defence beside SameSite)."""
     if token.scope not in ("write", "admin"):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"token '{token.name}' is read-only")
-    origin = request.headers.get("origin")
-    if origin and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+    if not from_our_pages(request):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-origin form rejected")
+
+
+def _same_origin(request: Request) -> None:
+    """Login and logout too: a foreign page must not log a visitor in as another team's token
+    (login CSRF) nor out."""
+    if not from_our_pages(request):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-origin login or logout rejected")
 
 
 def _safe_next(target: str | None) -> str:
@@ -97,6 +106,7 @@ def login(
     request: Request, db: Db, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/runs"
 ) -> Response:
     """Check the token and keep it in an HttpOnly cookie."""
+    _same_origin(request)
     row = lookup_token(db, token.strip())
     if row is None:
         return render(
@@ -121,8 +131,9 @@ def login(
 
 
 @router.api_route("/logout", methods=["GET", "POST"])
-def logout() -> RedirectResponse:
+def logout(request: Request) -> RedirectResponse:
     """Forget the token cookie."""
+    _same_origin(request)
     response = RedirectResponse("/login", status.HTTP_303_SEE_OTHER)
     response.delete_cookie(COOKIE_NAME, path="/")
     return response

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from services.env.alfworld.games import SUBTASKS, GamesError
 from services.env.alfworld.oracle import oracle_output, subtask, thought_relevant
 from services.env.alfworld.prompts import ALFWORLD_PROMPT, corrector_prompt
@@ -45,8 +47,9 @@ def make_alfworld_env(config: EnvConfig | None, seed: int | None) -> gymnasium.E
         raise ImportError(f"{MISSING_EXTRA} ({e})") from e
     try:
         options = AlfWorldOptions.model_validate(config.options)
-    except ValueError as e:
-        raise GamesError(f"invalid alfworld options: {e}") from e
+    except ValidationError as e:  # field and reason, never the input (the service shows it)
+        why = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise GamesError(f"invalid alfworld options: {why}") from e
     max_steps = config.max_episode_steps or 50
     if options.backend == "thor":
         from services.env.alfworld.thor import make_thor_env

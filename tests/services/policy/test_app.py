@@ -184,7 +184,7 @@ def test_checkpoint_load_changes_the_served_policy(
     with PolicyClient(url) as client:
         client.load_weights(tmp_path / "ckpt")
         got = client.score(images, prompts, ids)
-        assert client.health()["checkpoint"] == str(tmp_path / "ckpt")
+        assert client.weights()["checkpoint"] == str(tmp_path / "ckpt")
         with pytest.raises(PolicyServiceError, match="404"):
             client.load_weights(tmp_path / "missing")
     assert np.allclose(got.logprobs, want.logprobs.numpy(), atol=1e-5)
@@ -203,7 +203,7 @@ def test_a_client_loads_its_checkpoint_again_when_the_service_lost_it(
         assert not client.ensure_loaded()
         other.load_weights(tmp_path / "other")  # as a restart (base weights) would leave it
         assert client.ensure_loaded()
-        assert client.health()["checkpoint"] == str(tmp_path / "ours")
+        assert client.weights()["checkpoint"] == str(tmp_path / "ours")
 
 
 def test_a_window_stays_open_while_requests_keep_coming(served: tuple[Policy, str]) -> None:
