@@ -286,6 +286,13 @@ class CorrectorConfig(_Strict):
     wait_timeout_s: float = Field(
         120.0, gt=0, le=3600, description="Longest wait for a rollout's corrections"
     )
+    degraded_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="The run ends 'degraded' (and `gtr train` exits non-zero) when more than "
+        "this share of its requested corrections failed or were skipped; 1 = never",
+    )
     max_calls: int | None = Field(
         None, ge=0, le=10_000_000, description="Per-run budget of corrector calls"
     )

@@ -215,7 +215,8 @@ def run_create(config: Path, url: str | None, token: str | None) -> None:
 
 @run.command("list")
 @click.option(
-    "--status", type=click.Choice(["queued", "running", "completed", "failed", "cancelled"])
+    "--status",
+    type=click.Choice(["queued", "running", "completed", "degraded", "failed", "cancelled"]),
 )
 @_with_api
 def run_list(status: str | None, url: str | None, token: str | None) -> None:
@@ -311,7 +312,7 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
         if r["status"] == "running" and str(now) != phase:
             phase = str(now)
             click.echo(f"[{r['status']}] {phase_text(r)}")
-        if r["status"] in ("completed", "failed", "cancelled"):
+        if r["status"] in ("completed", "degraded", "failed", "cancelled"):
             if r["error"]:
                 click.echo(f"error: {r['error']}")
             click.echo(r["status"])

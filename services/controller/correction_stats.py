@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.db.models import Correction, CorrectorSpend, Update
+from shared.schemas import RunConfig
 
 PREFIX = "corrections"  # every key written here starts with it, or with "corrector_"
 ALARM_SHARE = 0.5  # failed + skipped above this share of an update's finished corrections
@@ -118,6 +119,31 @@ def failure_reasons(s: Session, run_id: int, most: int = 3) -> list[tuple[str, i
 def reasons_text(reasons: list[tuple[str, int]]) -> str:
     """``malformed: answer is not JSON (12); timeout: no answer within 60 s (3)``"""
     return "; ".join(f"{why} ({n})" for why, n in reasons)
+
+
+def degraded_reason(s: Session, run_id: int, share: float) -> str | None:
+    """Why a run that went to its end is ``degraded``: more than ``share`` of its requested
+    corrections failed or were skipped, so it did not train as GTR. None when it is not."""
+    totals = run_totals(s, run_id)
+    asked = totals["corrections"]
+    bad = totals["corrections_failed"] + totals["corrections_skipped"]
+    if not asked or bad / asked <= share:
+        return None
+    return (
+        f"degraded: {bad:.0f} of {asked:.0f} requested corrections failed or were skipped "
+        f"(over corrector.degraded_share = {share:g}): " + reasons_text(failure_reasons(s, run_id))
+    )
+
+
+def final_status(
+    s: Session, run_id: int, cfg: RunConfig, status: str, error: str | None
+) -> tuple[str, str | None]:
+    """The status a run ends with: a run that went to its end while most of its corrections
+    failed (``degraded_reason``) ends ``degraded``, with the reason as its error."""
+    if status != "completed" or not cfg.uses_corrector:
+        return status, error
+    why = degraded_reason(s, run_id, cfg.corrector.degraded_share)
+    return ("degraded", why) if why else (status, error)
 
 
 _REASON_DETAIL = re.compile(r"\s*\(.*$", re.DOTALL)  # the first bracket on: instance details

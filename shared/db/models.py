@@ -36,8 +36,9 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-RUN_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
-TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+# degraded: the run went to its end, but too many of its corrections failed to call it GTR
+RUN_STATUSES = ("queued", "running", "completed", "degraded", "failed", "cancelled")
+TERMINAL_STATUSES = ("completed", "degraded", "failed", "cancelled")
 STUDY_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
 
