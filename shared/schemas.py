@@ -271,12 +271,51 @@ class TrainConfig(_Strict):
     )
 
 
+class CorrectorErrors(_Strict):
+    """A fallible oracle (`services/corrector/fallible.py`): GPT-4o-like errors, each at its own
+    rate per correction (at most one error a correction, so the rates sum to at most 1)."""
+
+    misread: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Perception: misreads one card or number, then judges and corrects for it",
+    )
+    arithmetic: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Wrong arithmetic: takes a formula off the target (or a wrong comparison, a "
+        "miscounted total) for right, and judges and corrects toward it",
+    )
+    choice: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Wrong choice: reads and computes right, but names a wrong next action",
+    )
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> CorrectorErrors:
+        if self.misread + self.arithmetic + self.choice > 1 + 1e-9:
+            raise ValueError("corrector.errors: misread + arithmetic + choice must be at most 1")
+        return self
+
+    def any(self) -> bool:
+        """Whether the oracle errs at all."""
+        return self.misread + self.arithmetic + self.choice > 0
+
+
 class CorrectorConfig(_Strict):
     name: str = Field(
         "oracle", min_length=1, max_length=100, description="A registered corrector, or 'oracle'"
     )
     noise: float = Field(
         0.0, ge=0, le=1, description="Oracle only: rate of deliberately wrong corrections"
+    )
+    errors: CorrectorErrors = Field(
+        default_factory=CorrectorErrors,
+        description="Oracle only: GPT-4o-like errors per kind (misread, arithmetic, choice)",
     )
     wait: Literal["none", "update", "step"] = Field(
         "none",
@@ -351,6 +390,17 @@ class CorrectorConfig(_Strict):
                 raise ValueError("an inline corrector of kind openai needs model")
             if self.name == "oracle":  # the label its corrections are recorded under
                 self.name = "inline"
+        return self
+
+    @model_validator(mode="after")
+    def _fallible_oracle(self) -> CorrectorConfig:
+        if self.errors.any():
+            if self.name != "oracle" or self.kind is not None:
+                raise ValueError("corrector.errors makes the oracle fallible: name it 'oracle'")
+            if self.noise:
+                raise ValueError(
+                    "corrector.noise and corrector.errors are two imperfect oracles: set one"
+                )
         return self
 
     def inline(self) -> dict[str, Any] | None:

@@ -330,6 +330,7 @@ class ThreadCorrections:
         workers: int = 8,
         run_id: int | None = None,
         inline: dict[str, Any] | None = None,
+        errors: dict[str, Any] | None = None,
     ) -> None:
         from services.corrector.service import build_corrector
 
@@ -342,6 +343,7 @@ class ThreadCorrections:
                 seed=seed,
                 run_id=run_id,
                 inline=inline,
+                errors=errors,
             )
         self.name = corrector_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="corrector")

@@ -21,6 +21,7 @@ from shared.schemas import RunConfig
 
 PREFIX = "corrections"  # every key written here starts with it, or with "corrector_"
 ALARM_SHARE = 0.5  # failed + skipped above this share of an update's finished corrections
+ACCURACY = "corrector/accuracy"  # share of answers the exact judge agrees with (issue 40)
 
 
 def failure_kind(error: str | None) -> str:
@@ -51,13 +52,25 @@ def figures(rows: list[Any]) -> dict[str, float]:
         out["corrected_rate"] = sum(r.verdict == "incorrect" for r in done) / len(done)
         lat = [r.latency_ms for r in done if r.latency_ms is not None]
         out["corrector_latency_ms"] = sum(lat) / len(lat) if lat else 0.0
+        # Agreement with the exact judge (services/corrector/oracle.py `accurate`), where judged.
+        marks = [_accurate(r) for r in done]
+        judged = [m for m in marks if m is not None]
+        if judged:
+            out[ACCURACY] = sum(judged) / len(judged)
     out["corrector_tokens"] = float(sum(r.tokens or 0 for r in rows))
     return out
+
+
+def _accurate(row: Any) -> bool | None:
+    extras = getattr(row, "extras", None)
+    mark = extras.get("accurate") if isinstance(extras, dict) else None
+    return mark if isinstance(mark, bool) else None
 
 
 def _rows(s: Session, run_id: int, *where: Any) -> list[Any]:
     cols = (
         Correction.update_idx,
+        Correction.extras,
         Correction.status,
         Correction.verdict,
         Correction.latency_ms,

@@ -54,7 +54,13 @@ def backends(cfg: RunConfig, settings: Settings, run_id: int | None = None) -> d
     else:
         c = cfg.corrector
         corrections = ThreadCorrections(
-            c.name, c.noise, cfg.seed, settings, run_id=run_id, inline=c.inline()
+            c.name,
+            c.noise,
+            cfg.seed,
+            settings,
+            run_id=run_id,
+            inline=c.inline(),
+            errors=c.errors.model_dump(),
         )
         trainer = InProcessTrainer()
     if not cfg.uses_corrector:

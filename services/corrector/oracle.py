@@ -1,8 +1,12 @@
-"""The oracle corrector: the ideal thought from the privileged state, via the env's expert.
+"""The oracle corrector and the exact judge: the ideal thought from the privileged state.
 
-It is the offline default and the upper bound. With `noise = p` it writes, at rate p, a thought
-that is deliberately wrong: the expert's thought for a misread state (a wrong number or card,
-hence a wrong next token), to study imperfect correctors.
+The exact judge (``exact_correct``) calls an output right when it reads the state right (the
+task's keys, the numbers in its thought, any "formula = n" it claims) and its action keeps a win
+reachable (``good_actions``: any of several paths in EZPoints and Points24, not only the
+expert's). The oracle answers with it and corrects toward the expert's thought; it is the offline
+default and the upper bound. ``accurate`` measures any corrector's answer against the judge.
+With `noise = p` it writes, at rate p, a thought that is deliberately wrong (the expert's thought
+for a misread state); `services/corrector/fallible.py` makes GPT-4o-like errors per kind.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import threading
 import time
 from typing import Any
@@ -73,6 +78,100 @@ def agrees(task: str, output: dict[str, Any], ideal: dict[str, Any], state: dict
     return thought_matches_state(task, json.dumps(output), state)
 
 
+_CLAIM = re.compile(r"([\d(][\d+\-*/() ]*?)\s*=\s*(\d+)")  # "10 * 3 - 2 - 4 = 24"
+_POINTS = ("ezpoints", "points24")
+
+
+def good_actions(task: str, state: dict[str, Any]) -> set[str] | None:
+    """Actions that keep a win reachable from ``state``; None where only the expert's counts
+    (ALFWorld). Points games: every token after which the formula can still be finished, '='
+    once it wins, and '=' alone once it can no longer win (end the hopeless episode)."""
+    if task == "numberline":
+        return {"+" if state["current"] < state["target"] else "-"}
+    if task == "blackjack":
+        from services.env.expert import blackjack_action
+
+        return {
+            blackjack_action(state["player_total"], state["usable_ace"], state["dealer_showing"])
+        }
+    if task not in _POINTS:
+        return None
+    from services.env import solver
+    from services.env.points import EZPointsEnv, Points24Env
+
+    env = EZPointsEnv if task == "ezpoints" else Points24Env
+    typed = [t for t in state["formula"] if str(t).strip()]
+    args = (state["numbers"], state["target"], env.ops, env.parens)
+    rest = solver.complete(typed, *args)
+    if rest is None:
+        return {"="}
+    good = {"="} if not rest else set()
+    for token in env.action_names:
+        if token != "=" and solver.can_complete([*typed, token], *args):
+            good.add(token)
+    return good
+
+
+def arithmetic_right(task: str, thoughts: str) -> bool:
+    """Points games: every "formula = n" the thought claims holds (exact arithmetic)."""
+    if task not in _POINTS:
+        return True
+    from services.env.solver import evaluate
+
+    for expr, value in _CLAIM.findall(thoughts):
+        got = evaluate(expr.replace(" ", ""))
+        if got is not None and got != int(value):
+            return False
+    return True
+
+
+def reads_state(task: str, output: dict[str, Any], state: dict[str, Any]) -> bool:
+    """The output's reading of the state: its keys, the numbers of its thought, its sums."""
+    ideal = ideal_output(task, state)
+    for key, value in ideal.items():
+        if key not in FREE_TEXT and (key not in output or _norm(output[key]) != _norm(value)):
+            return False
+    thoughts = output.get("thoughts")
+    if not isinstance(thoughts, str) or not arithmetic_right(task, thoughts):
+        return False
+    if _norm(thoughts) == _norm(ideal.get("thoughts")):
+        return True
+    from services.env.expert import thought_matches_state
+
+    return thought_matches_state(task, json.dumps(output), state)
+
+
+def exact_correct(task: str, output: dict[str, Any] | None, state: dict[str, Any]) -> bool:
+    """The exact judge: reads the state right and acts so that a win stays reachable."""
+    if output is None:
+        return False
+    good = good_actions(task, state)
+    if good is None:
+        return agrees(task, output, ideal_output(task, state), state)
+    action = str(output.get("action", "")).strip().lower()
+    return action in good and reads_state(task, output, state)
+
+
+def accurate(req: CorrectionRequest, result: Correction) -> bool | None:
+    """Whether a corrector's answer agrees with the exact judge: the same verdict on the agent's
+    output and, when it corrects, a correction the judge calls right (with the corrector's own
+    action when it names one, else its reading of the state). None without a state to judge."""
+    if req.state is None:
+        return None
+    truth = exact_correct(req.task, parse_agent_output(req.output), req.state)
+    if (result.verdict == "correct") != truth:
+        return False
+    if result.verdict == "correct" or not result.corrected_thought:
+        return True
+    fixed = parse_agent_output(result.corrected_thought)
+    if fixed is None:
+        return False
+    action = result.extras.get("action")
+    if action is None:
+        return reads_state(req.task, fixed, req.state) if req.task != "alfworld" else True
+    return exact_correct(req.task, {**fixed, "action": action}, req.state)
+
+
 def task_extras(task: str, state: dict[str, Any]) -> dict[str, Any]:
     """GTR's extras for the points games: the target formula, and whether the deal is solvable."""
     if task not in ("ezpoints", "points24"):
@@ -113,10 +212,10 @@ class OracleCorrector:
                 corrected_thought=dump_thought(wrong),
                 reasoning="noise: a deliberately wrong correction",
             )
-        elif output is not None and agrees(req.task, output, ideal, req.state):
+        elif exact_correct(req.task, output, req.state):
             result = Correction(
                 verdict="correct",
-                reasoning="the thought reads the state right and the action is the expert's",
+                reasoning="the thought reads the state right and a win stays reachable",
             )
         else:
             result = Correction(

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from services.corrector.remote import RemoteParams
 from shared.db import models
+from shared.schemas import CorrectorErrors
 from shared.settings import Settings
 
 
@@ -44,10 +45,18 @@ def validate_base_url(url: str, settings: Settings) -> str:
 
 def _check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     if kind == "oracle":
-        extra = set(params) - {"noise"}
+        extra = set(params) - {"noise", "errors"}
         noise = params.get("noise", 0.0)
         if extra or not isinstance(noise, int | float) or not 0 <= noise <= 1:
-            raise InvalidCorrector("oracle params: only 'noise', a number in [0, 1]")
+            raise InvalidCorrector(
+                "oracle params: only 'noise', a number in [0, 1], and 'errors' (rates per kind)"
+            )
+        try:
+            CorrectorErrors.model_validate(params.get("errors") or {})
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = "".join(f".{p}" for p in first["loc"])
+            raise InvalidCorrector(f"oracle params.errors{where}: {first['msg']}") from e
         return params
     try:
         return RemoteParams(**params).model_dump(exclude_unset=True)

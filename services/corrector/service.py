@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from services.corrector.base import BatchCorrector, CallTrace, Corrector, CorrectorError
 from services.corrector.egress import stored_error
 from services.corrector.keys import decrypt_key
-from services.corrector.oracle import OracleCorrector
+from services.corrector.oracle import OracleCorrector, accurate
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
 from services.corrector.rows import RegistryError, inline_row
@@ -61,8 +61,10 @@ def build_corrector(
     team: str | None = None,
     run_id: int | None = None,
     inline: dict[str, Any] | None = None,
+    errors: dict[str, Any] | None = None,
 ) -> Corrector:
-    """'oracle' or 'self_teacher' (built in; the latter serves run ``run_id``), the run config's
+    """'oracle' (fallible with the run's ``corrector.errors``) or 'self_teacher' (built in; the
+    latter serves run ``run_id``), the run config's
     `inline` one, or a registered corrector by name; with `team` (the run's), only one of that
     team's or a shared one: another team's key never serves this team's steps."""
     if inline is not None:
@@ -72,7 +74,7 @@ def build_corrector(
             raise CorrectorError("config", f"the run's inline corrector: {e}") from e
         return corrector_from_row(made, settings, noise=noise, seed=seed, budget=budget)
     if name == ORACLE:
-        return OracleCorrector(noise=noise, seed=seed)
+        return _oracle(noise, seed, errors)
     if name == SELF_TEACHER:
         return _self_teacher(session, run_id)
     row = session.scalar(select(models.Corrector).where(models.Corrector.name == name))
@@ -85,6 +87,15 @@ def build_corrector(
     if team is not None and not usable_by(row, team):
         raise CorrectorError("config", f"corrector '{name}' is not available to team '{team}'")
     return corrector_from_row(row, settings, noise=noise, seed=seed, budget=budget)
+
+
+def _oracle(noise: float, seed: int, errors: dict[str, Any] | None) -> Corrector:
+    """The exact oracle, the noisy one, or the fallible one (GPT-4o-like errors per kind)."""
+    from services.corrector.fallible import FallibleCorrector
+    from shared.schemas import CorrectorErrors
+
+    made = CorrectorErrors.model_validate(errors or {})
+    return FallibleCorrector(made, seed) if made.any() else OracleCorrector(noise=noise, seed=seed)
 
 
 def usable_by(row: models.Corrector, team: str) -> bool:
@@ -112,7 +123,8 @@ def corrector_from_row(
 ) -> Corrector:
     """The corrector a registry row describes; `overrides` replace some of its params."""
     if row.kind == "oracle":
-        return OracleCorrector(noise=float((row.params or {}).get("noise", noise)), seed=seed)
+        own = row.params or {}
+        return _oracle(float(own.get("noise", noise)), seed, own.get("errors"))
     params = RemoteParams(**{**(row.params or {}), **(overrides or {})})
     key = decrypt_key(row, settings)
     if row.kind == "openai":
@@ -279,10 +291,11 @@ def _answer(
     try:
         if budget is not None:
             budget.check()  # spent already: no request is even built
-        correction = corrector.correct(request(), trace)
+        req = request()
+        correction = corrector.correct(req, trace)
     except Exception as e:  # noqa: BLE001 - a corrector bug becomes a recorded failure, not a crash
         return _error(step, name, trace, start, e)
-    return _done(correction, trace)
+    return _done(correction, trace, req)
 
 
 def _answer_many(
@@ -315,13 +328,26 @@ def _answer_many(
                 raise RuntimeError(f"{len(results)} answers to {len(sent)} requests")
         except Exception as e:  # noqa: BLE001 - the whole call failed: every step records why
             results = [e] * len(sent)
-        for (i, _), result in zip(sent, results, strict=True):
+        for (i, req), result in zip(sent, results, strict=True):
             out[i] = (
                 _error(steps[i], name, traces[i], start, result)
                 if isinstance(result, Exception)
-                else _done(result, traces[i])
+                else _done(result, traces[i], req)
             )
     return [out[i] for i in range(len(steps))]
+
+
+def _with_accuracy(correction: Correction, req: CorrectionRequest | None) -> dict[str, Any]:
+    """The answer's extras plus ``accurate``: whether it agrees with the exact judge (verdict and
+    correction, ``oracle.accurate``), which the run's ``corrector/accuracy`` averages."""
+    if req is None or req.state is None:
+        return correction.extras
+    try:
+        verdict = accurate(req, correction)
+    except Exception:  # noqa: BLE001 - a state the judge cannot read costs the figure, not the answer
+        log.exception("exact judge failed on a %s state", req.task)
+        return correction.extras
+    return correction.extras if verdict is None else {**correction.extras, "accurate": verdict}
 
 
 def _error(
@@ -333,12 +359,14 @@ def _error(
     return _failure(step, name, trace, start, f"error: {type(e).__name__}: {str(e)[:500]}")
 
 
-def _done(correction: Correction, trace: CallTrace) -> dict[str, Any]:
+def _done(
+    correction: Correction, trace: CallTrace, req: CorrectionRequest | None = None
+) -> dict[str, Any]:
     return {
         "status": "done",
         "verdict": correction.verdict,
         "corrected_thought": correction.corrected_thought,
-        "extras": correction.extras,
+        "extras": _with_accuracy(correction, req),
         "reasoning": correction.reasoning,
         "raw": trace.raw,
         "latency_ms": correction.latency_ms,

@@ -33,7 +33,8 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     noise, seed = float(cfg.get("noise", 0.0)), int((run.config or {}).get("seed", 0)) if run else 0
     team = run.team if run else None
     inline = cfg if cfg.get("kind") else None
-    key_parts: list[Any] = [name, noise, seed, team, inline]
+    errors = cfg.get("errors")  # the fallible oracle's rates per kind
+    key_parts: list[Any] = [name, noise, seed, team, inline, errors]
     if name == SELF_TEACHER:
         return _self_teacher(session, run)
     if name != ORACLE and inline is None:
@@ -54,7 +55,14 @@ def _corrector(session: Any, name: str, run: models.Run | None) -> Corrector:
     with _CACHE_LOCK:
         if key not in _CACHE:
             _CACHE[key] = build_corrector(
-                name, session, get_settings(), noise=noise, seed=seed, team=team, inline=inline
+                name,
+                session,
+                get_settings(),
+                noise=noise,
+                seed=seed,
+                team=team,
+                inline=inline,
+                errors=errors,
             )
         return _CACHE[key]
 

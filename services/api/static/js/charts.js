@@ -6,6 +6,7 @@ gtr.charts = {
     {family: 'Learning', title: 'Episode return', keys: ['episode_return'], steps: {}},
     {family: 'Learning', title: 'Episode length', keys: ['episode_length'], steps: {}},
     {family: 'Corrector', title: 'Corrector disagreement & validity', keys: ['corrected_rate', 'format_valid_rate', 'action_valid_rate'], unit: true, steps: {verdict: 'corrected'}},
+    {family: 'Corrector', title: 'Corrector accuracy (against the exact judge)', keys: ['corrector/accuracy'], unit: true, steps: {}},
     {family: 'Corrector', title: 'Corrector latency (ms)', keys: ['corrector_latency_ms'], steps: {}},
     {family: 'Corrector', title: 'Failed corrections', keys: ['corrections_failed', 'corrections'], steps: {verdict: 'failed'}},
     {family: 'Collapse', title: 'Collapse · state relevance', keys: ['probe_relevance', 'state_relevance'], unit: true, collapse: true, threshold: 'minRelevance', steps: {}},
