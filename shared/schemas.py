@@ -412,10 +412,15 @@ class CorrectorConfig(_Strict):
 
 
 class TeacherConfig(_Strict):
-    """The self-teacher (GTR-Turbo): a TIES merge of the run's own latest checkpoints."""
+    """The self-teacher (GTR-Turbo): a TIES merge of the run's own checkpoints."""
 
+    merge: Literal["running", "last_k"] = Field(
+        "running",
+        description="running: every checkpoint of the run so far (GTR-Turbo's authors); "
+        "last_k: only the last keep_last (sits close to the agent: KL 0.01-0.13 a step)",
+    )
     keep_last: int = Field(
-        4, ge=1, le=64, description="k: merge the run's last k checkpoints (update >= 0)"
+        4, ge=1, le=64, description="k: merge = last_k merges the run's last k checkpoints"
     )
     density: float = Field(
         0.8, gt=0, le=1, description="TIES trim: share of each delta's largest entries kept"
@@ -436,6 +441,20 @@ class TeacherConfig(_Strict):
     )
     kl_clip: float = Field(
         10.0, gt=0, le=1000, description="gtr_turbo_kl: per-token log-ratio clamped to [0, clip]"
+    )
+    malformed_kl: float = Field(
+        100.0,
+        ge=0,
+        le=10_000,
+        description="gtr_turbo_kl: KL penalty of a malformed output, which has no thought to "
+        "score (authors: 100; 0 = none)",
+    )
+    malformed_reward: float = Field(
+        -2.0,
+        ge=-100,
+        le=0,
+        description="gtr_turbo_kl: added to a malformed step's return, a negative format reward "
+        "(authors: -2, beside +3 for a valid one: train.format_reward); 0 = none",
     )
     max_new_tokens: int | None = Field(
         None, ge=1, le=2048, description="Self-teacher corrector: output cap; None = generation's"

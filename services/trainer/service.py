@@ -158,7 +158,11 @@ class Trainer:
         bonus = self.cfg.format_reward
         returns = algos.add_format_reward(returns, as_te(rollout.format_valid), bonus)
         if self.algorithm == "gtr_turbo_kl":
-            returns = returns - self.turbo.kl_coef * as_te(self.kl_penalty(rollout))
+            # A malformed output has no thought to score: the authors charge it KL 100 and a
+            # format reward of -2 (teacher.malformed_kl, malformed_reward; 0 and 0 = ours before).
+            bad = 1.0 - as_te(rollout.format_valid)
+            kl = as_te(self.kl_penalty(rollout)) * (1.0 - bad) + self.turbo.malformed_kl * bad
+            returns = returns - self.turbo.kl_coef * kl + self.turbo.malformed_reward * bad
         advantages = returns - values  # A = (GAE return + bonus) − V, as the reference
         adv = algos.normalize_advantages(advantages.reshape(-1))
         return adv.to(self.device), returns.reshape(-1).to(self.device)
@@ -198,7 +202,14 @@ class Trainer:
             a_lp = torch.as_tensor(rollout.old_logprobs[cut]).float()
             pen = algos.thought_kl_penalty(a_lp, t_lp, mask, self.turbo.kl_clip)
             out[idx] = pen.numpy()
-        self._extra = {"turbo/kl_mean": float(out.mean()), "turbo/kl_max": float(out.max())}
+        # The teacher's distance from the agent, on the steps it can score (well-formed ones).
+        formed = np.asarray(rollout.format_valid, dtype=bool).reshape(-1)
+        scored = out[formed] if formed.any() else np.zeros(1, dtype=np.float32)
+        self._extra = {
+            "turbo/kl_mean": float(scored.mean()),
+            "turbo/kl_max": float(scored.max()),
+            "turbo/malformed_frac": float(1.0 - formed.mean()),
+        }
         return out
 
     def minibatches(self, rollout: Rollout, adv: Tensor, ret: Tensor) -> Iterator[Batch]:

@@ -1,7 +1,9 @@
 """The self-teacher of GTR-Turbo: the run's own latest checkpoints, TIES-merged, as a policy.
 
-The teacher is the warm start (the run's checkpoint −1) plus the TIES merge of the deltas of its
-last ``teacher.keep_last`` checkpoints; it is re-merged once the newest checkpoint is
+The teacher is the warm start (the run's checkpoint −1) plus the TIES merge of the deltas of
+every trained checkpoint so far (``teacher.merge = "running"``, as GTR-Turbo's authors keep a
+running merge), or of only the last ``teacher.keep_last`` (``"last_k"``: a teacher that sits close
+to the agent, the current policy being one of 4); it is re-merged once the newest checkpoint is
 ``teacher.merge_every`` updates past the newest one merged. Before the first trained checkpoint
 it is the warm start itself. Full fine-tuning merges the state dicts (``merging.ties_merge``);
 LoRA merges the adapters with peft's own ``add_weighted_adapter`` (``teacher.lora_merge``:
@@ -35,16 +37,20 @@ class CheckpointRef(NamedTuple):
 
 
 def pick_checkpoints(
-    available: Sequence[int], current: Sequence[int] | None, keep_last: int, merge_every: int
+    available: Sequence[int],
+    current: Sequence[int] | None,
+    keep_last: int | None,
+    merge_every: int,
 ) -> list[int]:
-    """Update indices to merge: the newest ``keep_last`` trained ones (update ≥ 0), kept as they
-    are until the newest available is ``merge_every`` updates past the newest merged."""
+    """Update indices to merge: the newest ``keep_last`` trained ones (update ≥ 0; None = all),
+    kept as they are until the newest available is ``merge_every`` updates past the newest
+    merged."""
     trained = sorted(u for u in set(available) if u >= 0)
     if not trained:
         return []
     if current and trained[-1] - max(current) < merge_every:
         return list(current)
-    return trained[-keep_last:]
+    return trained if keep_last is None else trained[-keep_last:]
 
 
 def run_checkpoints(
@@ -75,9 +81,8 @@ class TeacherCache:
         by_update = {r.update_idx: r for r in refs}
         if -1 not in by_update:
             raise LookupError("the run has no warm-start checkpoint (-1) yet")
-        want = pick_checkpoints(
-            list(by_update), self.updates, self.cfg.keep_last, self.cfg.merge_every
-        )
+        keep = None if self.cfg.merge == "running" else self.cfg.keep_last
+        want = pick_checkpoints(list(by_update), self.updates, keep, self.cfg.merge_every)
         if self.policy is None or want != self.updates:
             log.info("self-teacher: merging checkpoints of updates %s", want)
             self.policy = build_teacher(
