@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "sft": "services.trainer.cli:sft",
     "export": "services.controller.observe_cli:export",
     "cache": "services.controller.observe_cli:cache",
+    "study": "services.study.cli:study",
 }
 
 

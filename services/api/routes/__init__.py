@@ -7,7 +7,7 @@ import importlib
 from fastapi import APIRouter
 
 # Routers owned by other parts load if present, so the API starts while they are built.
-_MODULES = ["health", "runs", "correctors", "ui", "export", "search"]
+_MODULES = ["health", "runs", "correctors", "ui", "export", "search", "studies", "ui_studies"]
 
 
 def routers() -> list[APIRouter]:

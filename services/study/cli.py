@@ -1,0 +1,176 @@
+"""``gtr study``: run a study here (`run`), or on the full stack over REST (`create`, `list`,
+`cancel`, `resume`), and print its verdict table (`report`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from pydantic import ValidationError
+
+from services.controller.cli import _call, _client, _with_api
+
+if TYPE_CHECKING:
+    from services.study.schemas import StudyConfig
+
+
+def load_study(path: Path) -> StudyConfig:
+    """Read and validate a study file; every problem becomes one readable line."""
+    from services.study.schemas import StudyConfig
+
+    try:
+        return StudyConfig.from_toml(path)
+    except FileNotFoundError:
+        raise click.ClickException(f"study file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"{path} is not valid TOML: {e}") from None
+    except ValidationError as e:
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc']) or '(study)'}: {_msg(err['msg'])}"
+            for err in e.errors()
+        ]
+        raise click.ClickException(f"invalid study file {path}:\n" + "\n".join(lines)) from None
+    except ValueError as e:  # a task's config file that cannot be read
+        raise click.ClickException(f"invalid study file {path}: {e}") from None
+
+
+def _msg(text: str) -> str:
+    return text.removeprefix("Value error, ")
+
+
+@click.group()
+def study() -> None:
+    """Studies: a grid of runs (tasks x arms x seeds) judged by a declared primary metric."""
+
+
+@study.command("run")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--jobs",
+    "-j",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Training processes at once.",
+)
+def study_run(file: Path, jobs: int) -> None:
+    """Run a study in this machine's processes (embedded default); rerun to resume it."""
+    cfg = load_study(file)
+    _preflight(cfg)
+    from services.study.runner import run_study
+    from services.study.service import StudyRefused
+    from shared.db.migrate import ensure_schema
+    from shared.settings import get_settings
+
+    if get_settings().database_url is None:
+        ensure_schema()
+    try:
+        study_id = run_study(cfg, jobs, say=click.echo)
+    except StudyRefused as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        sys.exit(130)
+    ok = _print_report(study_id)
+    sys.exit(0 if ok else 1)
+
+
+def _preflight(cfg: StudyConfig) -> None:
+    """What `gtr train` checks before a run exists (paths, corrector), for every cell."""
+    from services.controller.preflight import PreflightError, preflight
+
+    seen: set[str] = set()
+    for cell in cfg.cells():
+        run_cfg = cfg.run_config(cell)
+        key = run_cfg.model_dump_json(exclude={"name", "seed"})
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            preflight(run_cfg)
+        except PreflightError as e:
+            raise click.ClickException(f"{cell.describe()}: {e}") from None
+
+
+def _print_report(study_id: int) -> bool:
+    """The verdict table; False when the study did not end done."""
+    from services.study.report import build_report
+    from shared.db.session import session_scope
+
+    with session_scope() as s:
+        report = build_report(s, study_id)
+    render(report)
+    return report.status == "done"
+
+
+def render(report: Any) -> None:
+    try:
+        from services.study.console import print_report
+    except ImportError:  # the rendered table is H-stats' part; a plain one until it lands
+        click.echo(json.dumps(report.model_dump(mode="json"), indent=2)[:20_000])
+        return
+    print_report(report)
+
+
+@study.command("report")
+@click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def study_report(study_id: int, as_json: bool) -> None:
+    """Print a study's verdict table from the database the settings name."""
+    from services.study.report import StudyNotFound, build_report
+    from shared.db.migrate import ensure_schema
+    from shared.db.session import session_scope
+    from shared.settings import get_settings
+
+    if get_settings().database_url is None:
+        ensure_schema()
+    try:
+        with session_scope() as s:
+            report = build_report(s, study_id)
+    except StudyNotFound:
+        raise click.ClickException(f"study {study_id} not found") from None
+    if as_json:
+        click.echo(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        render(report)
+
+
+@study.command("create")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@_with_api
+def study_create(file: Path, url: str | None, token: str | None) -> None:
+    """Launch a study on the full stack (its runs go through the controllers' queue)."""
+    cfg = load_study(file)
+    out = _call(_client(url, token), "POST", "/api/studies", json=cfg.model_dump(mode="json"))
+    click.echo(out["id"])
+
+
+@study.command("list")
+@_with_api
+def study_list(url: str | None, token: str | None) -> None:
+    """List the team's studies."""
+    for r in _call(_client(url, token), "GET", "/api/studies")["items"]:
+        c = r["counts"]
+        click.echo(
+            f"{r['id']}\t{r['status']}\t{c['done']}/{c['cells']} done, {c['failed']} failed"
+            f"\t{r['primary_metric']}\t{r['name']}"
+        )
+
+
+@study.command("cancel")
+@click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
+@_with_api
+def study_cancel(study_id: int, url: str | None, token: str | None) -> None:
+    """Cancel a study: its queued runs are cancelled, its running ones stopped."""
+    click.echo(_call(_client(url, token), "POST", f"/api/studies/{study_id}/cancel")["status"])
+
+
+@study.command("resume")
+@click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
+@_with_api
+def study_resume(study_id: int, url: str | None, token: str | None) -> None:
+    """Resume a cancelled or stopped study; finished runs are never rerun."""
+    click.echo(_call(_client(url, token), "POST", f"/api/studies/{study_id}/resume")["status"])

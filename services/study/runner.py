@@ -1,0 +1,214 @@
+"""`gtr study run`: a whole study on this machine, N training processes at a time.
+
+The parent process schedules (services/study/service.py: which cell next, the one retry, warm
+starts shared by a task's arms) and each run trains in a child process of its own
+(``python -m services.study.runner RUN_ID``), as `gtr train` would train it, logging to
+``<data_dir>/studies/<id>/run-<run id>.log``. Stopping it (Ctrl-C, or a kill) loses nothing: the
+next `gtr study run` of the same file resumes the study, every unfinished run after its last
+trained update, and never reruns a finished one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from sqlalchemy import select, update
+
+from services.study import service
+from services.study.schemas import StudyConfig
+from shared.db.models import Run, Study, utcnow
+from shared.db.session import session_scope
+from shared.settings import get_settings
+
+log = logging.getLogger("gtr.study")
+
+TEAM = "default"  # the embedded default's team (gtr train launches its runs under it too)
+STALE_S = 60.0  # a 'running' run whose heartbeat is older was left by a process that died
+POLL_S = 1.0
+
+
+@dataclass
+class Child:
+    run_id: int
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+
+Say = Callable[[str], None]
+
+
+def open_study(cfg: StudyConfig) -> tuple[int, bool]:
+    """The study of this name (resumed, its file taken if the primary metric is unchanged) or a
+    new one; returns (id, whether it existed). Raises StudyRefused."""
+    with session_scope() as s:
+        study = service.find_study(s, cfg.name, TEAM)
+        if study is None:
+            return service.create_study(s, cfg, TEAM).id, False
+        service.replace_spec(s, study, cfg)
+        if study.status == "cancelled":
+            service.resume_study(s, study)
+        elif study.status in ("done", "failed"):
+            study.status = "queued"  # new cells in the file run; advance says done otherwise
+        # This process is the only driver of an embedded study: runs its predecessor left
+        # 'running' (killed) have no driver; after STALE_S their heartbeat says so.
+        service.requeue_orphans(s, study, STALE_S)
+        return study.id, True
+
+
+def _claim(study_id: int, n: int) -> list[int]:
+    """Up to n queued runs of the study, marked running (compare-and-set: one driver each)."""
+    if n <= 0:
+        return []
+    out: list[int] = []
+    with session_scope() as s:
+        ids = s.scalars(
+            select(Run.id)
+            .where(Run.study_id == study_id, Run.status == "queued")
+            .order_by(Run.id)
+            .limit(n)
+        ).all()
+        for run_id in ids:
+            claimed = s.execute(  # type: ignore[attr-defined]
+                update(Run)
+                .where(Run.id == run_id, Run.status == "queued")
+                .values(status="running", heartbeat_at=utcnow())
+            ).rowcount
+            if claimed:
+                out.append(int(run_id))
+    return out
+
+
+def _spawn(study_id: int, run_id: int, threads: int) -> Child:
+    folder = log_folder(study_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = open(folder / f"run-{run_id}.log", "ab")
+    env = dict(os.environ)
+    env.setdefault("GTR_TORCH_THREADS", str(threads))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.study.runner", str(run_id)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    return Child(run_id, proc, out)
+
+
+def _reap(child: Child, say: Say) -> None:
+    """A child that exited: a run it left 'running' (it crashed) is failed, with the reason."""
+    child.log.close()
+    code = child.proc.returncode
+    with session_scope() as s:
+        run = s.get(Run, child.run_id)
+        if run is None:
+            return
+        if run.status == "running":
+            run.status, run.finished_at = "failed", utcnow()
+            run.error = f"its training process exited with code {code} (see its log)"
+        say(_line(run))
+
+
+def _line(run: Run) -> str:
+    cell = " / ".join(x for x in (run.study_task, run.study_arm, run.study_variant) if x)
+    retry = " (retry)" if (run.study_attempt or 1) > 1 else ""
+    end = f": {run.error}" if run.status == "failed" and run.error else ""
+    return f"run {run.id} {cell} seed {run.study_seed}{retry}: {run.status}{end}"
+
+
+def _release(children: list[Child]) -> None:
+    """Ctrl-C: stop the children, put their runs back in the queue for the next invocation."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.terminate()
+    for c in children:
+        try:
+            c.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+        c.log.close()
+    with session_scope() as s:
+        s.execute(
+            update(Run)
+            .where(Run.id.in_([c.run_id for c in children]), Run.status == "running")
+            .values(status="queued")
+        )
+
+
+def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
+    """Run (or resume) the study to its end with ``jobs`` training processes; its id."""
+    study_id, existed = open_study(cfg)
+    say(f"study {study_id}: {cfg.name} ({'resumed' if existed else 'new'}), {_size(cfg)}")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    children: list[Child] = []
+    # A kill (SIGTERM) stops it as Ctrl-C does: the children's runs go back to the queue.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while True:
+            for c in [c for c in children if c.proc.poll() is not None]:
+                children.remove(c)
+                _reap(c, say)
+            with session_scope() as s:
+                study = s.get(Study, study_id)
+                assert study is not None
+                queued = service.advance(s, study, limit=jobs)
+                done, status = service.finished(study), study.status
+            for run in queued:
+                log.info("study %s queued run %s", study_id, run.id)
+            for run_id in _claim(study_id, jobs - len(children)):
+                children.append(_spawn(study_id, run_id, threads))
+                say(_started(run_id))
+            if done and not children:
+                say(f"study {study_id} {status}")
+                return study_id
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        _release(children)
+        say(f"study {study_id} interrupted: `gtr study run` of the same file resumes it")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _size(cfg: StudyConfig) -> str:
+    n = len(cfg.cells())
+    steps = sum(cfg.run_config(c).total_env_steps for c in cfg.cells())
+    return f"{n} runs, {steps:,} env steps, primary {cfg.primary.label()}"
+
+
+def _started(run_id: int) -> str:
+    with session_scope() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        line = _line(run).rsplit(":", 1)[0]
+    return f"{line}: started"
+
+
+def drive_one(run_id: int) -> int:
+    """The child: drive one run in this process, as `gtr train` does; 0 when it completed."""
+    from services.controller.loop import drive
+    from shared.logs import setup_logging
+
+    setup_logging()
+    return 0 if drive(run_id) == "completed" else 1
+
+
+def log_folder(study_id: int) -> Path:
+    return get_settings().data_dir / "studies" / str(study_id)
+
+
+if __name__ == "__main__":
+    sys.exit(drive_one(int(sys.argv[1])))
