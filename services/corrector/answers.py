@@ -137,7 +137,7 @@ def to_correction(task: str, content: str, thought_keys: list[str]) -> Correctio
         return Correction(verdict="correct", extras=extras, reasoning=reasoning)
     if extras.get("possible_solution") is False:
         # GTR: nothing to teach when the deal has no solution; with corrector.feedback on, the
-        # controller ends the episode (RunDriver._feedback).
+        # controller ends the episode (RolloutCollector.feedback).
         return Correction(verdict="incorrect", extras=extras, reasoning=reasoning)
     thought = _corrected(answer.correction, thought_keys, content)
     if isinstance(answer.correction, dict) and answer.correction.get("action") is not None:

@@ -1,7 +1,7 @@
 """The collapse alarm on real probe sets and on the probe curves of real runs.
 
-The probe states come from the driver's own ``_probe_states`` on the real env pool. The curves
-are the greedy probes of the tiny EZPoints runs in ../shared/docs/tiny-ezpoints.md (PPO
+The probe states come from the driver's own ``CollapseMonitor.states`` on the real env pool. The
+curves are the greedy probes of the tiny EZPoints runs in ../shared/docs/tiny-ezpoints.md (PPO
 collapses in 3/3 seeds, GTR in none) and the runs of issue 25 (a NumberLine GTR warm start that
 never read the state; an ALFWorld sample run whose probe repeated one view).
 """
@@ -58,7 +58,7 @@ def _driver(task: str, probe_states: int, policy: Any = None) -> Any:
 @pytest.fixture(scope="module")
 def ezpoints_probe(pg_url: str) -> tuple[Any, list[Any]]:
     d = _driver("ezpoints", 120)
-    return d, d._probe_states()
+    return d, d.monitor.states()
 
 
 def test_probe_states_are_distinct_and_tracking_them_raises_no_alarm(
@@ -71,16 +71,16 @@ def test_probe_states_are_distinct_and_tracking_them_raises_no_alarm(
     assert len(probe) == 120 and len(set(keys)) == 120  # seeds repeat deals: walked past them
     outputs = [format_output(expert_output("ezpoints", o.state)) for o in probe]
     ideal = dict(zip(keys, outputs, strict=True))
-    d.policy = Scripted(ideal)
-    tracking = d._probe(probe)
+    d.monitor.policy = Scripted(ideal)
+    tracking = d.monitor.probe(probe)
     assert tracking["probe_relevance"] == 1.0
     # Perfect tracking shows exactly the share the states give, and no alarm.
     assert tracking["probe_top_thought_share"] == tracking["probe_expected_top_share"] < 0.2
     assert M.alarm_reason(tracking, 1.0, 20, LIMITS) is None
     # One thought everywhere (tiny-ezpoints seed 2, update 50: "8 + 4 = 12, next I append '+'").
     one = json.dumps({"cards": [4, 8], "formula": "4", "thoughts": "4 + 8 = 12", "action": "+"})
-    d.policy = Scripted(dict.fromkeys(keys, one))
-    collapsed = d._probe(probe)
+    d.monitor.policy = Scripted(dict.fromkeys(keys, one))
+    collapsed = d.monitor.probe(probe)
     reason = M.alarm_reason(collapsed, tracking["probe_relevance"], 50, LIMITS)
     assert reason is not None and "under the run's best 1.00" in reason
     no_relevance = {k: v for k, v in collapsed.items() if k != "probe_relevance"}
@@ -116,7 +116,7 @@ def test_ppo_collapse_is_alarmed_and_gtr_is_not(
     seed: int, ezpoints_probe: tuple[Any, list[Any]]
 ) -> None:
     d, _ = ezpoints_probe
-    s0 = max(M.top_share(d._probe_ideal), M.top_share(d._probe_images))  # the real probe set
+    s0 = max(M.top_share(d.monitor.ideal), M.top_share(d.monitor.images))  # the real probe set
     ppo, gtr = _alarms(*PPO[seed], s0, every=10), _alarms(*GTR[seed], s0, every=10)
     assert not any(gtr), gtr
     assert not ppo[0] and all(ppo[3:]), ppo  # collapsed by update 30 in every seed
@@ -153,18 +153,19 @@ def test_a_collapse_in_the_first_update_falls_from_the_start_policy(pg_url: str)
     from shared.db.models import Run, Update
     from shared.db.session import session_scope
 
-    d = _driver("numberline", 16)
+    policy = Writer({}, "")
+    d = _driver("numberline", 16, policy)
     d.cfg.train.num_envs, d.cfg.train.num_steps = 2, 2
-    probe = d._probe_states()
-    ideal = {
+    probe = d.monitor.states()
+    policy.outputs = {
         _key(o.image, o.prompt): format_output(expert_output("numberline", o.state)) for o in probe
     }
-    d.policy = Writer(ideal, '{"action": "+"}')  # reads every probe state right
-    d._start_relevance = d._probe(probe)["probe_relevance"]
-    d.policy = Writer({}, "+ + + +")  # after the update: no thought at all
-    d._open_envs(0)
+    policy.default = '{"action": "+"}'  # reads every probe state right
+    d.monitor.probe_start(probe)
+    policy.outputs, policy.default = {}, "+ + + +"  # after the update: no thought at all
+    d.episodes.open(0)
     d._rollout_and_store(0)
-    d._close_envs()
+    d.episodes.close()
     d._finish_update(0, probe)
     with session_scope() as s:
         row = s.scalars(select_update(Update, d.run_id)).one()

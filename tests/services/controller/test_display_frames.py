@@ -90,9 +90,9 @@ def test_the_step_page_draws_the_display_frame_from_the_stored_state(pg_url: str
         token = create_token(s, "frames", "read", "frames")[1]
         other = create_token(s, "others", "read", "others")[1]
     driver = RunDriver(run_id, EnvPool(), AlwaysPlus(), None, None)  # type: ignore[arg-type]
-    driver._open_envs(0)
-    step_ids = driver.collect(0).step_ids
-    driver._close_envs()
+    driver.episodes.open(0)
+    step_ids = driver.collector.collect(0).step_ids
+    driver.episodes.close()
     with live_server(create_app()) as url:
         auth = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, headers=auth, timeout=30) as api:

@@ -34,7 +34,8 @@ def test_the_run_driver_applies_feedback_to_its_episodes(pg_url: str) -> None:
     from sqlalchemy import select
 
     from services.api.service import create_run
-    from services.controller.service import RunDriver, _Rollout
+    from services.controller.collector import Collected
+    from services.controller.service import RunDriver
     from services.corrector.oracle import OracleCorrector
     from services.corrector.service import record_correction
     from services.env.expert import target_tokens
@@ -55,29 +56,28 @@ def test_the_run_driver_applies_feedback_to_its_episodes(pg_url: str) -> None:
         run_id = create_run(s, cfg, "feedback-test").id
     pool = EnvPool()
     driver = RunDriver(run_id, pool, None, None, None)  # type: ignore[arg-type]
-    driver._open_envs(0)
+    driver.episodes.open(0)
+    ep = driver.episodes
     deals = [["HA", "SA", "DA", "CA"], ["HK", "S4", "D2", "CA"]]  # 1,1,1,1 cannot make 24
-    driver.obs = [
-        pool.reset(sid, {"cards": d}) for sid, d in zip(driver.sessions, deals, strict=True)
-    ]
-    target = "".join(target_tokens("points24", driver.obs[1].state) or [])
+    ep.obs = [pool.reset(sid, {"cards": d}) for sid, d in zip(ep.sessions, deals, strict=True)]
+    target = "".join(target_tokens("points24", ep.obs[1].state) or [])
     outputs = [
         {"cards": [1, 1, 1, 1], "formula": "", "thoughts": "1 first", "action": "1"},
         {"cards": [10, 4, 2, 1], "formula": "", "thoughts": "go", "action": target[0]},
     ]
     gens = [Generation(json.dumps(o), [], [], 0.0, [], [], [], True, True) for o in outputs]
-    results = pool.step_batch([(sid, g.text) for sid, g in zip(driver.sessions, gens, strict=True)])
-    ro = _Rollout()
-    prompts = [o.prompt for o in driver.obs]
+    results = pool.step_batch([(sid, g.text) for sid, g in zip(ep.sessions, gens, strict=True)])
+    ro = Collected()
+    prompts = [o.prompt for o in ep.obs]
     # The rollout's own path: the step's records, written as the recorder thread writes them.
-    records = driver._step_records(ro, 0, 0, prompts, gens, results)
-    ro.step_ids, _ = driver._write_step(0, 0, records)
+    records = driver.collector.step_records(ro, 0, 0, prompts, gens, results)
+    ro.step_ids, _ = driver.collector.write_step(0, 0, records)
     with session_scope() as s:
         for sid in ro.step_ids:
             record_correction(s, sid, "oracle", OracleCorrector())
-    driver.obs = [r.observation for r in results]
-    old_obs0 = driver.obs[0]
-    driver._feedback(ro, 0, 0, ro.step_ids)
+    ep.obs = [r.observation for r in results]
+    old_obs0 = ep.obs[0]
+    driver.collector.feedback(ro, 0, 0, ro.step_ids)
     assert ro.rewards == [-1.0, 0.0] and ro.dones == [True, False]
     with session_scope() as s:
         steps = s.scalars(select(Step).where(Step.run_id == run_id).order_by(Step.id)).all()
@@ -86,7 +86,7 @@ def test_the_run_driver_applies_feedback_to_its_episodes(pg_url: str) -> None:
         first = [e for e in eps if e.env_index == 0]
         assert first[0].finished and first[0].success is False and first[0].total_return == -1.0
         assert len(first) == 2 and not first[1].finished  # a new episode began
-    assert driver.obs[0] is not old_obs0 and driver.obs[0].state["formula"] == []
-    assert driver.obs[1].state["target_formula"] == target  # the corrector's memory
-    pool_state = pool.step_batch([(driver.sessions[1], json.dumps({"action": target[1]}))])
+    assert ep.obs[0] is not old_obs0 and ep.obs[0].state["formula"] == []
+    assert ep.obs[1].state["target_formula"] == target  # the corrector's memory
+    pool_state = pool.step_batch([(ep.sessions[1], json.dumps({"action": target[1]}))])
     assert pool_state[0].observation.state["target_formula"] == target

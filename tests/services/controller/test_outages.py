@@ -23,7 +23,8 @@ from services.controller.backends import (
     ThreadCorrections,
     queued_messages,
 )
-from services.controller.service import Outage, RunDriver, is_interruption
+from services.controller.outages import Outage, is_interruption
+from services.controller.service import RunDriver
 from services.env import EnvPool
 from services.env.app import create_app
 from services.env.client import EnvClient, EnvServiceError
@@ -80,12 +81,12 @@ def test_the_driver_waits_for_a_service_and_gives_up_with_the_reason(pg_url: str
     driver = _driver(f"http://127.0.0.1:{port}", outage_s=1.0, max_interruptions=2)
     started = time.monotonic()
     with pytest.raises(Outage, match=r"EnvClient did not come back within 1 s.*ConnectError"):
-        driver._wait_for_services(httpx.ConnectError("refused"))
+        driver.outages.wait(httpx.ConnectError("refused"))
     assert time.monotonic() - started < 10
 
     with live_server(create_app(), port):  # the service is back
-        driver.outage_s = 60
-        driver._wait_for_services(httpx.ConnectError("refused"))
+        driver.outages.outage_s = 60
+        driver.outages.wait(httpx.ConnectError("refused"))
         driver._ride_out(httpx.ConnectError("refused"))
         driver._ride_out(httpx.ConnectError("refused"))
         with pytest.raises(Outage, match="gave up after 2 interruptions in a row"):
@@ -172,7 +173,7 @@ def test_an_update_trained_before_the_drop_is_finished_on_resume(warm_checkpoint
     corrections = ThreadCorrections("oracle", 0.0, 0, get_settings())
     driver = RunDriver(run_id, EnvPool(), policy, corrections, InProcessTrainer())
     assert driver.run() == "completed"
-    assert policy.loads == 4 and driver.interruptions == 0  # init, 0 (dropped), 0 again, 1
+    assert policy.loads == 4 and driver.outages.interruptions == 0  # init, 0 (dropped), 0 again, 1
     with session_scope() as s:
         run = s.get(Run, run_id)
         assert run is not None and run.updates_done == 2

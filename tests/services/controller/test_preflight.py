@@ -127,9 +127,9 @@ def _failed_unfinished_run(policy: Any, error: str) -> int:
     with session_scope() as s:
         run_id = create_run(s, cfg, team="default").id
     driver = RunDriver(run_id, _pool(), policy, None, None)  # type: ignore[arg-type]
-    driver._open_envs(0)
+    driver.episodes.open(0)
     driver._rollout_and_store(0)
-    driver._close_envs()
+    driver.episodes.close()
     driver._end("failed", error)
     return run_id
 

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from services.controller.service import is_interruption
+from services.controller.outages import is_interruption
 from services.env import EnvPool
 from services.env.app import create_app as env_app
 from services.env.client import EnvClient, EnvServiceError
