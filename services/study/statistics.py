@@ -31,7 +31,7 @@ POWER = 0.8
 N_RESAMPLES = 10_000
 RNG_SEED = 20_211_206  # fixed: the same data gives the same interval on every page load
 # Beyond this many sign patterns the permutation test samples them instead of enumerating.
-MAX_EXACT_PATTERNS = 2**20
+MAX_EXACT_PATTERNS = 2**16
 
 Values = Sequence[float] | np.ndarray  # per-seed numbers
 Statistic = Literal["mean", "iqm", "median"]
@@ -199,6 +199,7 @@ def sign_flip_p(diffs: Values, max_exact: int = MAX_EXACT_PATTERNS) -> tuple[flo
         permutation_type="samples",
         vectorized=True,
         n_resamples=np.inf if exact else 100_000,
+        batch=8_192,  # bounded memory with many seeds
         alternative="two-sided",
         rng=_rng(),
     )
@@ -259,11 +260,14 @@ def compare_paired(
     alpha: float = ALPHA,
     confidence: float = CONFIDENCE,
     power: float = POWER,
+    higher_is_better: bool = True,
 ) -> Comparison:
     """Compare two arms on their shared seeds (seed -> score), A − B.
 
     Verdict: "A > B" (or "B > A") only when the sign-flip p < alpha AND the bootstrap interval
-    of the mean difference excludes 0; otherwise "not decided at N seeds".
+    of the mean difference excludes 0; otherwise "not decided at N seeds". ">" reads "better
+    than": for a metric where lower is better (`higher_is_better=False`) an interval below 0
+    makes A the better arm.
     """
     seeds = sorted(set(a) & set(b))
     diffs = _clean([a[s] - b[s] for s in seeds])
@@ -277,9 +281,9 @@ def compare_paired(
     winner = None
     if p is not None and p < alpha and interval.low is not None and interval.high is not None:
         if interval.low > 0:
-            winner = names[0]
+            winner = names[0] if higher_is_better else names[1]
         elif interval.high < 0:
-            winner = names[1]
+            winner = names[1] if higher_is_better else names[0]
     if winner is None:
         verdict = f"not decided at {len(seeds)} seeds"
     else:

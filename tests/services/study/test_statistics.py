@@ -251,3 +251,20 @@ def test_seeds_for_power_of_large_effects(d: float) -> None:
     assert paired_t_power(d, math.ceil(n)) >= 0.8 - 1e-6
     if math.ceil(n) > 2:
         assert paired_t_power(d, math.ceil(n) - 1) < 0.8
+
+
+def test_lower_is_better_turns_the_verdict() -> None:
+    # A collapse metric such as the top-thought share: A's lower values make A the better arm.
+    a = {s: 0.2 for s in range(6)}
+    b = {s: 0.6 + 0.01 * s for s in range(6)}
+    c = compare_paired(a, b, names=("gtr", "rl4vlm"), higher_is_better=False)
+    assert c.mean_diff.high < 0
+    assert (c.verdict, c.winner) == ("gtr > rl4vlm", "gtr")
+
+
+def test_many_seeds_sample_the_sign_patterns() -> None:
+    diffs = [0.05 * ((-1) ** i) + 0.02 for i in range(20)]  # 2^20 patterns: sampled
+    p, exact = sign_flip_p(diffs)
+    assert not exact
+    t = stats.ttest_1samp(diffs, 0.0).pvalue  # the t-test approximates it at 20 seeds
+    assert p == pytest.approx(t, abs=0.03)

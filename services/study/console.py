@@ -1,0 +1,125 @@
+"""`gtr study report ID` in the terminal: the verdict table of each task, then the secondary
+metrics under their own heading (rich tables; names are printed as text, never as markup)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from services.study.report import ComparisonOut, IntervalOut, MetricBlock, StudyReport
+
+
+def num(v: float | None, digits: int = 3) -> str:
+    return "–" if v is None else f"{v:.{digits}g}" if abs(v) >= 1000 else f"{v:.{digits}f}"
+
+
+def interval(iv: IntervalOut | None, digits: int = 3) -> str:
+    """'0.512 [0.401, 0.630]', or the point alone below two seeds."""
+    if iv is None or iv.point is None:
+        return "–"
+    if iv.low is None or iv.high is None:
+        return f"{num(iv.point, digits)} (1 seed)"
+    return f"{num(iv.point, digits)} [{num(iv.low, digits)}, {num(iv.high, digits)}]"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    s = int(seconds)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def _arms_table(block: MetricBlock) -> Table:
+    deals = any(a.deals is not None for a in block.arms)
+    t = Table(title=Text(f"{block.role}: {block.label}"), title_justify="left")
+    for col in ["arm", "mean [95 % CI over seeds]", "IQM", "seeds", "runs"]:
+        t.add_column(col, justify="left" if col in ("arm", "runs") else "right")
+    if deals:
+        t.add_column("mean [95 % CI, seeds and deals]", justify="right")
+    for a in block.arms:
+        runs = " ".join(f"#{r}" for _, r in sorted(a.runs.items()))
+        row: list[Text | str] = [
+            Text(a.arm),
+            interval(a.mean),
+            num(a.iqm),
+            str(a.mean.n),
+            runs or "–",
+        ]
+        t.add_row(*row, *([interval(a.deals)] if deals else []))
+    return t
+
+
+def _verdict(c: ComparisonOut) -> Text:
+    return Text(c.verdict, style="bold green" if c.winner else "yellow")
+
+
+def _comparisons_table(block: MetricBlock) -> Table | None:
+    if not block.comparisons:
+        return None
+    t = Table(title=Text(f"paired on shared seeds: {block.label}"), title_justify="left")
+    for col in ["A vs B", "A − B [95 % CI]", "p (sign flip)", "verdict", "seeds for 80 %"]:
+        t.add_column(col, justify="left" if col in ("A vs B", "verdict") else "right")
+    t.add_column("P(A better) [95 % CI]", justify="right")
+    for c in block.comparisons:
+        p = "–" if c.p_value is None else f"{c.p_value:.4f}" + ("" if c.exact else " ~")
+        need = "–" if c.seeds_for_power is None else str(c.seeds_for_power)
+        pair = Text(c.a) + Text(" vs ") + Text(c.b)
+        t.add_row(pair, interval(c.mean_diff), p, _verdict(c), need, interval(c.p_improvement, 2))
+    return t
+
+
+def report_renderable(report: StudyReport) -> RenderableType:
+    """The whole report as rich renderables, in reading order."""
+    pr = report.progress
+    head = Text()
+    head.append(f"Study {report.id}: ", style="bold")
+    head.append(report.name, style="bold")
+    head.append(f"  ({report.status}, team {report.team})\n")
+    head.append(f"primary metric: {report.primary}, declared before the runs\n")
+    head.append(
+        f"runs: {pr.done} done, {pr.running} running, {pr.queued} queued, {pr.failed} failed, "
+        f"{pr.cancelled} cancelled, {pr.waiting} waiting, of {pr.cells}"
+        f"; ETA {duration(pr.eta_s) if pr.eta_s is not None else 'unknown'}\n"
+    )
+    head.append(
+        f"verdicts: exact sign-flip p < {report.alpha} and a {report.confidence:.0%} interval "
+        "of the mean paired difference that excludes 0"
+    )
+    parts: list[RenderableType] = [head]
+    for g in report.groups:
+        title = Text(f"\ntask {g.task}", style="bold underline")
+        if g.variant:
+            title.append(f" · variant {g.variant}")
+        ds = g.deal_space
+        space = Text(
+            f"deal space: {ds.size if ds.size is not None else 'not counted'}; "
+            f"evaluation deals: {ds.eval_deals}, of which also dealt in training: "
+            f"{ds.in_training if ds.in_training is not None else 'not known'}",
+            style="dim",
+        )
+        parts += [title, space, _arms_table(g.primary)]
+        table = _comparisons_table(g.primary)
+        if table is not None:
+            parts.append(table)
+        if g.secondary:
+            parts.append(Text("secondary metrics (not the study's verdict)", style="bold dim"))
+        for block in g.secondary:
+            parts.append(_arms_table(block))
+            table = _comparisons_table(block)
+            if table is not None:
+                parts.append(table)
+    return Group(*parts)
+
+
+def render_report(report: StudyReport, width: int = 120) -> str:
+    """The report as plain text (no colour codes), e.g. for a file or a test."""
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(report_renderable(report))
+    return console.export_text()
+
+
+def print_report(report: StudyReport) -> None:
+    Console().print(report_renderable(report))

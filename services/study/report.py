@@ -1,0 +1,533 @@
+"""A study's report, computed from stored rows only: the study, its runs, their updates'
+metrics and their per-deal evaluation outcomes (services/study/statistics.py does the maths).
+
+Per task (and variant): each arm's primary score with a bootstrap interval over seeds (and a
+two-level seeds-and-deals interval where the primary metric is a greedy-evaluation figure),
+paired comparisons with verdicts, the secondary and collapse metrics treated the same way but
+labelled secondary, learning curves with bands, the deal space, and the progress of the grid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from itertools import combinations
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.study import statistics as st
+from services.study.schemas import MetricSpec, StudyConfig
+from services.study.service import MAX_ATTEMPTS
+from shared.db.models import EvalOutcome, Run, Step, Study, Update, utcnow
+
+# The collapse monitors of services/controller/metrics.py (probe_metrics), always reported
+# as secondary metrics when the runs recorded them.
+COLLAPSE = {"probe_relevance": True, "probe_top_thought_share": False}  # key -> higher is better
+# Primary metrics that are a mean over the evaluation's deals: the column of eval_outcomes.
+DEAL_COLUMNS = {
+    "eval/success_rate": "success",
+    "eval/episode_return": "episode_return",
+    "eval/episode_length": "episode_length",
+}
+# What makes two deals the same deal, per task: the fields of the state a deal fixes.
+DEAL_FIELDS = {
+    "numberline": ("current", "target"),
+    "ezpoints": ("cards",),
+    "points24": ("cards",),
+    "blackjack": ("player_cards", "dealer_cards"),
+}
+# Distinct deals each task can deal (its `_new_episode`): NumberLine's start and goal differ
+# (6 x 6 - 6); EZPoints' 19 ordered pairs of ranks (a ten shows as T, J, Q or K) x 4 x 4 suits;
+# Points24: four cards of 52, drawn with replacement. Blackjack and ALFWorld: not counted.
+# tests/services/study/test_report.py draws deals to check the small ones.
+DEAL_SPACE = {"numberline": 30, "ezpoints": 304, "points24": 52**4}
+RUN_DONE = "completed"
+
+
+class StudyNotFound(LookupError):
+    """No such study, or not visible to the asking team."""
+
+
+class IntervalOut(BaseModel):
+    point: float | None = Field(description="The statistic on the data")
+    low: float | None = Field(description="Lower bound of the 95 % interval (None below 2)")
+    high: float | None = Field(description="Upper bound of the 95 % interval")
+    n: int = Field(description="Independent values (seeds) it rests on")
+
+    @classmethod
+    def of(cls, iv: st.Interval) -> IntervalOut:
+        return cls(point=iv.point, low=iv.low, high=iv.high, n=iv.n)
+
+
+class ArmScore(BaseModel):
+    arm: str = Field(description="Arm name")
+    scores: dict[int, float] = Field(description="Seed -> the run's score (completed runs)")
+    mean: IntervalOut = Field(description="Mean over seeds, percentile-bootstrap interval")
+    iqm: float | None = Field(description="Interquartile mean over seeds")
+    median: float | None = Field(description="Median over seeds")
+    deals: IntervalOut | None = Field(
+        None, description="Mean with a two-level (seeds, then deals) bootstrap interval"
+    )
+    runs: dict[int, int] = Field(description="Seed -> run id of the scored run")
+
+
+class ComparisonOut(BaseModel):
+    a: str = Field(description="Arm A")
+    b: str = Field(description="Arm B")
+    seeds: list[int] = Field(description="Seeds both arms finished")
+    diffs: list[float] = Field(description="A - B per shared seed")
+    mean_diff: IntervalOut = Field(description="Mean paired difference A - B with its interval")
+    p_value: float | None = Field(description="Two-sided sign-flip permutation p")
+    exact: bool = Field(description="Every sign pattern enumerated (else 100,000 sampled)")
+    verdict: str = Field(description="'A > B' (A better), 'B > A', or 'not decided at N seeds'")
+    winner: str | None = Field(description="The better arm when decided")
+    effect_size: float | None = Field(description="Mean / sd of the differences (d_z)")
+    seeds_for_power: int | None = Field(description="Seeds the observed effect needs (80 %)")
+    p_improvement: IntervalOut = Field(description="P(a run of A beats a run of B)")
+    runs: list[int] = Field(description="Run ids of both arms on the shared seeds")
+
+
+class MetricBlock(BaseModel):
+    metric: str = Field(description="Key in the updates' metrics")
+    label: str = Field(description="The metric and its reduction, e.g. 'x (final)'")
+    role: Literal["primary", "secondary", "collapse"] = Field(
+        description="primary: declared before the runs; secondary and collapse: labelled so"
+    )
+    higher_is_better: bool
+    arms: list[ArmScore]
+    comparisons: list[ComparisonOut]
+
+
+class CurvePointOut(BaseModel):
+    update: int
+    mean: float
+    low: float | None
+    high: float | None
+    n: int
+
+
+class Curve(BaseModel):
+    arm: str
+    metric: str
+    points: list[CurvePointOut] = Field(description="Mean over seeds with a 95 % band")
+
+
+class DealSpace(BaseModel):
+    size: int | None = Field(description="Distinct deals the task can deal (None: not counted)")
+    eval_deals: int = Field(description="Distinct evaluation deals the runs stored")
+    in_training: int | None = Field(
+        description="Evaluation deals whose content also started a training episode of these "
+        "runs (None: the task's deal content is not known)"
+    )
+
+
+class CellRun(BaseModel):
+    run_id: int
+    url: str = Field(description="The run's page")
+    task: str
+    arm: str
+    variant: str
+    seed: int
+    attempt: int
+    status: str
+    updates_done: int
+    num_updates: int
+
+
+class Progress(BaseModel):
+    cells: int = Field(description="Runs the grid holds (one per task, arm, variant, seed)")
+    waiting: int = Field(description="Cells without a run yet, or waiting for their retry")
+    queued: int
+    running: int
+    done: int
+    failed: int
+    cancelled: int
+    eta_s: float | None = Field(description="Seconds left at the observed update rate")
+
+
+class GroupReport(BaseModel):
+    task: str
+    variant: str = Field(description="'' when the study has no variants")
+    arms: list[str]
+    primary: MetricBlock
+    secondary: list[MetricBlock] = Field(description="Secondary and collapse metrics")
+    curves: list[Curve]
+    deal_space: DealSpace
+
+
+class StudyReport(BaseModel):
+    id: int
+    name: str
+    team: str
+    status: str
+    primary: str = Field(description="The primary metric's label, declared before the runs")
+    alpha: float = Field(description="Significance level of the verdicts")
+    confidence: float = Field(description="Level of every interval")
+    created_at: datetime
+    progress: Progress
+    groups: list[GroupReport]
+    runs: list[CellRun]
+
+
+def build_report(session: Session, study_id: int, team: str | None = None) -> StudyReport:
+    """The study's report; `team` (when given) must own it, else StudyNotFound."""
+    study = session.get(Study, study_id)
+    if study is None or (team is not None and study.team != team):
+        raise StudyNotFound(f"study {study_id}")
+    spec = _spec(study)
+    primary = MetricSpec.model_validate(
+        study.spec.get("primary") or {"metric": study.primary_metric}
+    )
+    runs = list(session.scalars(select(Run).where(Run.study_id == study.id).order_by(Run.id)).all())
+    latest = _latest_attempts(runs)
+    curves = _curves(session, [r.id for r in runs])
+    blocks = _metric_specs(study, primary, curves)
+    groups = []
+    for (task, variant), cell_runs in _groups(spec, latest).items():
+        arms = _arm_order(spec, cell_runs)
+        groups.append(_group(session, task, variant, arms, cell_runs, blocks, curves))
+    return StudyReport(
+        id=study.id,
+        name=study.name,
+        team=study.team,
+        status=study.status,
+        primary=primary.label(),
+        alpha=st.ALPHA,
+        confidence=st.CONFIDENCE,
+        created_at=study.created_at,
+        progress=_progress(study, spec, latest),
+        groups=groups,
+        runs=[_cell_run(r) for r in sorted(runs, key=lambda r: r.id)],
+    )
+
+
+def _spec(study: Study) -> StudyConfig | None:
+    try:
+        return StudyConfig.model_validate(study.spec)
+    except (ValidationError, ValueError):
+        return None  # a spec stored by an older version: the report reads the runs alone
+
+
+def _cell(run: Run) -> tuple[str, str, str, int]:
+    return (run.study_task or "", run.study_variant or "", run.study_arm or "", run.study_seed or 0)
+
+
+def _latest_attempts(runs: Iterable[Run]) -> dict[tuple[str, str, str, int], Run]:
+    """Per cell, the completed attempt if any, else the latest one."""
+    out: dict[tuple[str, str, str, int], Run] = {}
+    for run in runs:
+        have = out.get(_cell(run))
+        if (
+            have is None
+            or (run.status == RUN_DONE) > (have.status == RUN_DONE)
+            or (
+                (run.status == RUN_DONE) == (have.status == RUN_DONE)
+                and (run.study_attempt or 0) > (have.study_attempt or 0)
+            )
+        ):
+            out[_cell(run)] = run
+    return out
+
+
+def _curves(session: Session, run_ids: list[int]) -> dict[int, dict[str, list[tuple[int, float]]]]:
+    """run id -> metric -> [(update, value)], numbers only."""
+    out: dict[int, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    if not run_ids:
+        return out
+    rows = session.execute(
+        select(Update.run_id, Update.idx, Update.metrics)
+        .where(Update.run_id.in_(run_ids))
+        .order_by(Update.run_id, Update.idx)
+    )
+    for run_id, idx, metrics in rows:
+        for key, value in (metrics or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[run_id][key].append((idx, float(value)))
+    return out
+
+
+def _metric_specs(
+    study: Study, primary: MetricSpec, curves: dict[int, dict[str, list[tuple[int, float]]]]
+) -> list[tuple[MetricSpec, str]]:
+    """(spec, role) of every metric the report judges: primary, declared secondary, collapse."""
+    out = [(primary, "primary")]
+    for raw in study.spec.get("secondary") or []:
+        out.append((MetricSpec.model_validate(raw), "secondary"))
+    recorded = {k for per_run in curves.values() for k in per_run}
+    taken = {m.metric for m, _ in out}
+    for key, higher in COLLAPSE.items():
+        if key in recorded and key not in taken:
+            spec = MetricSpec(
+                metric=key, reduce=primary.reduce, k=primary.k, higher_is_better=higher
+            )
+            out.append((spec, "collapse"))
+    return out
+
+
+def _groups(
+    spec: StudyConfig | None, latest: dict[tuple[str, str, str, int], Run]
+) -> dict[tuple[str, str], dict[tuple[str, int], Run]]:
+    """(task, variant) -> (arm, seed) -> run, in the study file's order of tasks and variants."""
+    out: dict[tuple[str, str], dict[tuple[str, int], Run]] = {}
+    if spec is not None:
+        for task in spec.tasks:
+            for variant in list(spec.variants) or [""]:
+                out[(task, variant)] = {}
+    for (task, variant, arm, seed), run in latest.items():
+        out.setdefault((task, variant), {})[(arm, seed)] = run
+    return out
+
+
+def _arm_order(spec: StudyConfig | None, cell_runs: dict[tuple[str, int], Run]) -> list[str]:
+    arms = list(spec.arms) if spec is not None else []
+    return arms + sorted({a for a, _ in cell_runs} - set(arms))
+
+
+def _group(
+    session: Session,
+    task: str,
+    variant: str,
+    arms: list[str],
+    cell_runs: dict[tuple[str, int], Run],
+    blocks: list[tuple[MetricSpec, str]],
+    curves: dict[int, dict[str, list[tuple[int, float]]]],
+) -> GroupReport:
+    done = {k: r for k, r in cell_runs.items() if r.status == RUN_DONE}
+    judged = [_block(session, spec, role, arms, done, curves) for spec, role in blocks]
+    return GroupReport(
+        task=task,
+        variant=variant,
+        arms=arms,
+        primary=judged[0],
+        secondary=judged[1:],
+        curves=[_curve(arm, spec.metric, cell_runs, curves) for spec, _ in blocks for arm in arms],
+        deal_space=_deal_space(session, task, list(cell_runs.values())),
+    )
+
+
+def _block(
+    session: Session,
+    spec: MetricSpec,
+    role: str,
+    arms: list[str],
+    done: dict[tuple[str, int], Run],
+    curves: dict[int, dict[str, list[tuple[int, float]]]],
+) -> MetricBlock:
+    scores: dict[str, dict[int, float]] = {arm: {} for arm in arms}
+    run_of: dict[str, dict[int, int]] = {arm: {} for arm in arms}
+    for (arm, seed), run in done.items():
+        value = spec.score(curves.get(run.id, {}).get(spec.metric, []))
+        if value is not None:
+            scores[arm][seed] = value
+            run_of[arm][seed] = run.id
+    arm_scores = []
+    for arm in arms:
+        values = [scores[arm][s] for s in sorted(scores[arm])]
+        deals = None
+        if role == "primary" and spec.metric in DEAL_COLUMNS and run_of[arm]:
+            per_seed = _deal_outcomes(session, spec, list(run_of[arm].values()))
+            deals = IntervalOut.of(st.deal_seed_interval(per_seed)) if per_seed else None
+        arm_scores.append(
+            ArmScore(
+                arm=arm,
+                scores=scores[arm],
+                mean=IntervalOut.of(st.seed_interval(values)),
+                iqm=st.iqm(values) if values else None,
+                median=float(np.median(values)) if values else None,
+                deals=deals,
+                runs=run_of[arm],
+            )
+        )
+    comparisons = []
+    for a, b in combinations(arms, 2):
+        c = st.compare_paired(
+            scores[a], scores[b], names=(a, b), higher_is_better=spec.higher_is_better
+        )
+        pa = [scores[a][s] for s in c.seeds]
+        pb = [scores[b][s] for s in c.seeds]
+        poi = (
+            st.probability_of_improvement(pa, pb)
+            if spec.higher_is_better
+            else (st.probability_of_improvement(pb, pa))
+        )
+        comparisons.append(
+            ComparisonOut(
+                a=a,
+                b=b,
+                seeds=c.seeds,
+                diffs=c.diffs,
+                mean_diff=IntervalOut.of(c.mean_diff),
+                p_value=c.p_value,
+                exact=c.exact,
+                verdict=c.verdict,
+                winner=c.winner,
+                effect_size=c.effect_size,
+                seeds_for_power=c.seeds_for_power,
+                p_improvement=IntervalOut.of(poi),
+                runs=[run_of[a][s] for s in c.seeds] + [run_of[b][s] for s in c.seeds],
+            )
+        )
+    return MetricBlock(
+        metric=spec.metric,
+        label=spec.label(),
+        role=role,  # type: ignore[arg-type]
+        higher_is_better=spec.higher_is_better,
+        arms=arm_scores,
+        comparisons=comparisons,
+    )
+
+
+def _deal_outcomes(session: Session, spec: MetricSpec, run_ids: list[int]) -> list[list[float]]:
+    """Per run: each deal's outcome, averaged over the evaluations the score reduces."""
+    column = getattr(EvalOutcome, DEAL_COLUMNS[spec.metric])
+    rows = session.execute(
+        select(EvalOutcome.run_id, EvalOutcome.update_idx, EvalOutcome.deal, column).where(
+            EvalOutcome.run_id.in_(run_ids)
+        )
+    )
+    by_run: dict[int, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for run_id, update, deal, value in rows:
+        by_run[run_id][update][deal] = float(value)
+    out = []
+    for run_id in run_ids:
+        updates = sorted(by_run.get(run_id, {}))
+        if not updates:
+            continue
+        used = updates[-1:] if spec.reduce == "final" else updates[-spec.k :]
+        per_deal: dict[int, list[float]] = defaultdict(list)
+        for u in used:
+            for deal, value in by_run[run_id][u].items():
+                per_deal[deal].append(value)
+        out.append([sum(v) / len(v) for _, v in sorted(per_deal.items())])
+    return out
+
+
+def _curve(
+    arm: str,
+    metric: str,
+    cell_runs: dict[tuple[str, int], Run],
+    curves: dict[int, dict[str, list[tuple[int, float]]]],
+) -> Curve:
+    per_seed = {
+        seed: curves.get(run.id, {}).get(metric, [])
+        for (a, seed), run in cell_runs.items()
+        if a == arm
+    }
+    band = st.curve_band({s: c for s, c in per_seed.items() if c})
+    return Curve(
+        arm=arm,
+        metric=metric,
+        points=[
+            CurvePointOut(update=p.update, mean=p.mean, low=p.low, high=p.high, n=p.n) for p in band
+        ],
+    )
+
+
+def deal_key(task: str, state: dict[str, Any]) -> str | None:
+    """What identifies a deal by its content (None for a task whose deal is not known)."""
+    fields = DEAL_FIELDS.get(task)
+    if fields is None or any(f not in state for f in fields):
+        return None
+    return json.dumps([state[f] for f in fields])
+
+
+def _deal_space(session: Session, task: str, runs: list[Run]) -> DealSpace:
+    """The task's deal-space size, and how many evaluation deals a training episode of these
+    runs also started from (compared by content, not by seed)."""
+    from services.env import make_env  # the envs (and their renderers) only when a report asks
+    from shared.schemas import EnvConfig
+
+    run_ids = [r.id for r in runs]
+    seeds = (
+        session.execute(
+            select(EvalOutcome.deal, EvalOutcome.seed)
+            .where(EvalOutcome.run_id.in_(run_ids))
+            .distinct()
+        ).all()
+        if run_ids
+        else []
+    )
+    deals = {deal: seed for deal, seed in seeds}
+    if task not in DEAL_FIELDS or not deals:
+        return DealSpace(size=DEAL_SPACE.get(task), eval_deals=len(deals), in_training=None)
+    env_cfg = EnvConfig.model_validate((runs[0].config or {}).get("env") or {})
+    eval_keys = set()
+    for seed in set(deals.values()):
+        env = make_env(task, env_cfg.model_copy(update={"display_size": 0}), seed=int(seed))
+        _, info = env.reset()
+        eval_keys.add(deal_key(task, info["state"]))
+    first_states = session.scalars(
+        select(Step.state).where(Step.run_id.in_(run_ids), Step.idx == 0)
+    )
+    trained = {deal_key(task, s or {}) for s in first_states}
+    return DealSpace(
+        size=DEAL_SPACE.get(task), eval_deals=len(deals), in_training=len(eval_keys & trained)
+    )
+
+
+def _progress(
+    study: Study, spec: StudyConfig | None, latest: dict[tuple[str, str, str, int], Run]
+) -> Progress:
+    """Counts over each cell's deciding run, as services/study/service.py plans them: a first
+    attempt that failed is waiting for its retry, not failed."""
+    counts: dict[str, int] = defaultdict(int)
+    for run in latest.values():
+        if run.status == "failed" and (run.study_attempt or 1) < MAX_ATTEMPTS:
+            counts["waiting"] += 1
+        else:
+            counts["done" if run.status == RUN_DONE else run.status] += 1
+    cells = len(spec.cells()) if spec is not None else len(latest)
+    waiting = max(0, cells - len(latest)) + counts["waiting"]
+    return Progress(
+        cells=cells,
+        waiting=waiting,
+        queued=counts["queued"],
+        running=counts["running"],
+        done=counts["done"],
+        failed=counts["failed"],
+        cancelled=counts["cancelled"],
+        eta_s=_eta(study, list(latest.values()), waiting),
+    )
+
+
+def _eta(study: Study, runs: list[Run], waiting: int) -> float | None:
+    """Updates left over the observed seconds per update, runs in parallel at the concurrency."""
+    now = utcnow()
+    spent = updates = 0.0
+    for run in runs:
+        if run.started_at is None or not run.updates_done:
+            continue
+        end = run.finished_at or now
+        start = (
+            run.started_at if run.started_at.tzinfo else run.started_at.replace(tzinfo=now.tzinfo)
+        )
+        end = end if end.tzinfo else end.replace(tzinfo=now.tzinfo)
+        spent += max(0.0, (end - start).total_seconds())
+        updates += run.updates_done
+    open_runs = [r for r in runs if r.status in ("queued", "running")]
+    if not updates or not (open_runs or waiting):
+        return 0.0 if not (open_runs or waiting) else None
+    per_run = max((r.num_updates for r in runs), default=0)
+    left = sum(max(0, r.num_updates - r.updates_done) for r in open_runs) + waiting * per_run
+    return spent / updates * left / max(1, study.concurrency)
+
+
+def _cell_run(run: Run) -> CellRun:
+    return CellRun(
+        run_id=run.id,
+        url=f"/runs/{run.id}",
+        task=run.study_task or "",
+        arm=run.study_arm or "",
+        variant=run.study_variant or "",
+        seed=run.study_seed or 0,
+        attempt=run.study_attempt or 1,
+        status=run.status,
+        updates_done=run.updates_done,
+        num_updates=run.num_updates,
+    )
