@@ -244,7 +244,8 @@ def advance(session: Session, study: Study, limit: int | None = None) -> list[Ru
 
 def _set_status(study: Study, p: Plan) -> None:
     if p.active or p.pending or p.retry:
-        status = "running" if (p.done or p.failed or p.active) else "queued"
+        started = p.done or p.failed or any(r.status == "running" for r in p.active)
+        status = "running" if started else "queued"
     elif p.cancelled:
         status = "cancelled"
     else:
