@@ -253,6 +253,15 @@ def real_run(
     return RealRun(run_id, read, write, list(corrected), int(episodes))
 
 
+@pytest.fixture(scope="session")
+def real_study(pg_url: str, default_model_dir: Path):  # type: ignore[no-untyped-def]
+    """A tiny study the platform really ran (2 arms x 2 seeds, hostile names), read by the
+    report and study-page tests; like real_run, never written to by a test."""
+    from tests.services.study.tiny_study import run_tiny_study
+
+    return run_tiny_study("real-study")
+
+
 def _bindable(port: int) -> bool:
     with socket.socket() as s:
         try:

@@ -1,0 +1,57 @@
+// Study page: per metric, one chart with each arm's mean curve over seeds and its 95 % band
+// (uPlot bands between the band's high and low series), in charts.js's look.
+(() => {
+  const {COLORS, HEIGHT, tick, resizeOnWindow} = gtr.charts;
+  const groups = JSON.parse(document.getElementById('study-curves').dataset.curves || '[]');
+  const charts = [];
+
+  function rgba(hex, alpha) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
+  }
+
+  // [xs, mean_1, high_1, low_1, mean_2, ...] on the union of the arms' updates (gaps as null).
+  function aligned(curves) {
+    const xs = [...new Set(curves.flatMap(c => c.points.map(p => p.update)))].sort((a, b) => a - b);
+    const data = [xs];
+    for (const c of curves) {
+      const at = new Map(c.points.map(p => [p.update, p]));
+      for (const key of ['mean', 'high', 'low']) data.push(xs.map(x => (at.has(x) && at.get(x)[key] !== null ? at.get(x)[key] : null)));
+    }
+    return data;
+  }
+
+  function chart(box, title, curves, unit) {
+    const series = [{label: 'update'}], bands = [];
+    curves.forEach((c, i) => {
+      const color = COLORS[i % COLORS.length], base = 1 + 3 * i;
+      series.push({label: c.arm, stroke: color, width: 2, spanGaps: true, points: {show: true, size: 6}});
+      series.push({label: `${c.arm} · 95 % high`, stroke: rgba(color, 0.35), width: 1, spanGaps: true, points: {show: false}});
+      series.push({label: `${c.arm} · 95 % low`, stroke: rgba(color, 0.35), width: 1, spanGaps: true, points: {show: false}});
+      bands.push({series: [base + 1, base + 2], fill: rgba(color, 0.15)});
+    });
+    const opts = {
+      title, width: box.clientWidth || 420, height: HEIGHT, series, bands,
+      scales: {x: {time: false}, y: unit ? {range: [0, 1]} : {}},
+      axes: [{label: 'update', size: 36, labelSize: 14}, {size: 54, values: (u, splits) => splits.map(tick)}],
+    };
+    return new uPlot(opts, aligned(curves), box);
+  }
+
+  document.querySelectorAll('.study-charts').forEach((root) => {
+    const g = groups[Number(root.dataset.group)];
+    root.replaceChildren();
+    for (const m of g.metrics) {
+      const curves = g.curves.filter(c => c.metric === m.metric && c.points.length);
+      if (!curves.length) continue;
+      const role = m.role === 'primary' ? 'primary' : 'secondary';
+      const box = gtr.el('div', {class: `chart study-chart ${role}`, 'data-metric': m.metric, 'data-role': m.role});
+      root.append(box);
+      const unit = curves.every(c => c.points.every(p => p.mean >= 0 && p.mean <= 1 && (p.low === null || p.low >= 0) && (p.high === null || p.high <= 1)));
+      charts.push({box, plot: chart(box, `${role}: ${m.label}`, curves, unit)});
+    }
+    if (!root.children.length) root.append(gtr.el('p', {class: 'muted empty'}, 'No run of this task has recorded an update yet.'));
+    root.dataset.charts = String(root.querySelectorAll('.study-chart').length);
+  });
+  resizeOnWindow(() => charts);
+})();

@@ -1,0 +1,158 @@
+"""The study report on a study the platform really ran (tiny_study.py): every figure is
+recomputed here from the stored rows through the statistics module, and the rendering keeps
+hostile arm names as text."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from services.study import statistics as st
+from services.study.console import render_report
+from services.study.report import DEAL_SPACE, StudyNotFound, build_report, deal_key
+from services.study.schemas import MetricSpec
+from shared.db.models import EvalOutcome, Run, Update
+from shared.db.session import session_scope
+from tests.services.study.tiny_study import HOSTILE_ARM, QUOTED_ARM, TinyStudy
+
+
+@pytest.fixture(scope="module")
+def tiny(real_study: TinyStudy) -> TinyStudy:
+    return real_study
+
+
+@pytest.fixture(scope="module")
+def report(tiny: TinyStudy):  # type: ignore[no-untyped-def]
+    with session_scope() as s:
+        return build_report(s, tiny.study_id)
+
+
+def _stored(study_id: int, metric: str) -> dict[str, dict[int, list[tuple[int, float]]]]:
+    """arm -> seed -> the metric's curve, read straight from the update rows."""
+    out: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    with session_scope() as s:
+        for run in s.scalars(select(Run).where(Run.study_id == study_id)):
+            rows = s.execute(
+                select(Update.idx, Update.metrics).where(Update.run_id == run.id)
+            ).all()
+            curve = [(i, float(m[metric])) for i, m in rows if metric in m]
+            out.setdefault(run.study_arm or "", {})[run.study_seed or 0] = sorted(curve)
+    return out
+
+
+def test_progress_counts_every_finished_cell(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    p = report.progress
+    assert (p.cells, p.done, p.waiting, p.queued, p.running, p.failed) == (4, 4, 0, 0, 0, 0)
+    assert p.eta_s == 0.0
+    assert report.status == "done"
+    assert len(report.runs) == 4 and all(r.url == f"/runs/{r.run_id}" for r in report.runs)
+
+
+def test_primary_intervals_are_the_statistics_of_the_stored_scores(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    block = group.primary
+    assert (block.role, block.metric) == ("primary", "eval/success_rate")
+    spec = MetricSpec(metric="eval/success_rate")
+    curves = _stored(tiny.study_id, "eval/success_rate")
+    for arm in block.arms:
+        scores = {seed: spec.score(c) for seed, c in curves[arm.arm].items()}
+        assert arm.scores == scores
+        expected = st.seed_interval([scores[s] for s in sorted(scores)])
+        assert (arm.mean.point, arm.mean.low, arm.mean.high) == (
+            expected.point,
+            expected.low,
+            expected.high,
+        )
+        assert sorted(arm.runs) == list(tiny.seeds)
+    (c,) = block.comparisons
+    a, b = (next(x for x in block.arms if x.arm == name).scores for name in (c.a, c.b))
+    assert c.seeds == list(tiny.seeds)
+    assert c.diffs == pytest.approx([a[s] - b[s] for s in tiny.seeds])
+    assert c.p_value == st.sign_flip_p(c.diffs)[0]
+    assert c.verdict == "not decided at 2 seeds"  # two seeds can never decide (p >= 0.5)
+    assert len(c.runs) == 4
+
+
+def test_deal_level_interval_reads_the_stored_outcomes(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    with session_scope() as s:
+        for arm in group.primary.arms:
+            per_seed = []
+            for seed in sorted(arm.runs):
+                rows = s.execute(
+                    select(EvalOutcome.update_idx, EvalOutcome.deal, EvalOutcome.success).where(
+                        EvalOutcome.run_id == arm.runs[seed]
+                    )
+                ).all()
+                last = max(u for u, _, _ in rows)
+                per_seed.append([float(ok) for u, _, ok in sorted(rows) if u == last])
+            assert all(len(d) == 4 for d in per_seed)  # eval_episodes = 4 deals
+            # The final evaluation's deals average to the run's stored success rate.
+            assert [sum(d) / 4 for d in per_seed] == pytest.approx(
+                [arm.scores[seed] for seed in sorted(arm.runs)]
+            )
+            expected = st.deal_seed_interval(per_seed)
+            assert arm.deals is not None
+            assert (arm.deals.low, arm.deals.high) == (expected.low, expected.high)
+
+
+def test_secondary_and_collapse_metrics_are_labelled(report) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    roles = {b.metric: b.role for b in group.secondary}
+    assert roles["eval/episode_return"] == "secondary"
+    assert roles["probe_relevance"] == "collapse"
+    assert roles["probe_top_thought_share"] == "collapse"
+    share = next(b for b in group.secondary if b.metric == "probe_top_thought_share")
+    assert share.higher_is_better is False
+    assert all(b.comparisons for b in group.secondary)
+
+
+def test_curves_band_each_arm_over_its_seeds(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    curves = _stored(tiny.study_id, "eval/success_rate")
+    for arm in tiny.arms:
+        curve = next(c for c in group.curves if c.arm == arm and c.metric == "eval/success_rate")
+        expected = st.curve_band(curves[arm])
+        assert [(p.update, p.mean, p.low, p.high) for p in curve.points] == [
+            (p.update, p.mean, p.low, p.high) for p in expected
+        ]
+        assert curve.points and all(p.n == 2 for p in curve.points)
+
+
+def test_deal_space_counts_evaluation_deals_seen_in_training(report) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    ds = group.deal_space
+    assert ds.size == DEAL_SPACE["numberline"] == 30
+    assert ds.eval_deals == 4
+    # NumberLine has 30 deals: the 2 envs x 4 steps of each run start a few episodes, and the
+    # count of evaluation deals among their starts is what the report states, 0..4.
+    assert ds.in_training is not None and 0 <= ds.in_training <= 4
+
+
+def test_deal_keys_match_the_tasks_deal_space() -> None:
+    from services.env import make_env
+
+    keys = set()
+    for seed in range(400):  # 30 deals, each at least 1/36 likely: all seen (miss < 1e-3)
+        _, info = make_env("numberline", seed=seed).reset()
+        keys.add(deal_key("numberline", info["state"]))
+    assert len(keys) == DEAL_SPACE["numberline"]
+    assert deal_key("alfworld", {"task": "alfworld"}) is None
+
+
+def test_team_scoping_and_missing_studies(tiny: TinyStudy) -> None:
+    with session_scope() as s:
+        assert build_report(s, tiny.study_id, team=tiny.team).id == tiny.study_id
+        with pytest.raises(StudyNotFound):
+            build_report(s, tiny.study_id, team="someone-else")
+        with pytest.raises(StudyNotFound):
+            build_report(s, 2**31 - 1)
+
+
+def test_terminal_table_keeps_hostile_names_as_text(report) -> None:  # type: ignore[no-untyped-def]
+    text = render_report(report, width=200)
+    assert HOSTILE_ARM in text and QUOTED_ARM in text
+    assert "not decided at 2 seeds" in text
+    assert "primary: eval/success_rate (final)" in text
+    assert "secondary metrics" in text
+    assert text.index("primary:") < text.index("secondary metrics")

@@ -1,0 +1,70 @@
+"""A tiny study the platform really runs, for the report and study-page tests: created and
+scheduled by services/study/service.py, each run trained in process by the controller's
+`drive` on the embedded default (the call `gtr study run` makes in its child processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.api.auth import create_token
+from services.controller.loop import drive
+from services.study import service
+from services.study.schemas import StudyConfig
+from shared.db.models import Study
+from shared.db.session import session_scope
+from shared.settings import get_settings
+from tests.e2e.helpers import tiny_run
+
+# Hostile names: each reaches run names, tables, the page, the CSV and the terminal.
+HOSTILE_ARM = "<script>alert('arm')</script>"
+QUOTED_ARM = "gtr \"quoted\" & 'single' <b>bold</b>"
+HOSTILE_STUDY = "study <img src=x onerror=alert(1)> \"q\" 'r'"
+
+
+@dataclass
+class TinyStudy:
+    study_id: int
+    team: str
+    read_token: str
+    other_team_token: str
+    arms: tuple[str, str]
+    seeds: tuple[int, ...]
+
+
+def run_tiny_study(team: str, seeds: tuple[int, ...] = (1, 2)) -> TinyStudy:
+    """Two arms (GTR, RL4VLM) x `seeds` on NumberLine: the session's default tiny model, no
+    warm start (a few seconds a run on a loaded host), 1 update of 2 envs x 4 steps, evaluated on
+    4 deals after it; the probe collapse metrics are recorded too."""
+    base = tiny_run(Path("unused"), envs=2, steps=4, updates=1)
+    base["init"] = {"kind": "none"}
+    base["metrics"] = {**base.get("metrics", {}), "eval_every": 1}
+    cfg = StudyConfig.model_validate(
+        {
+            "name": f"{HOSTILE_STUDY} {team}",
+            "tasks": {"numberline": {"base": base}},
+            "arms": {QUOTED_ARM: {"algorithm": "gtr"}, HOSTILE_ARM: {"algorithm": "rl4vlm"}},
+            "seeds": list(seeds),
+            "eval_episodes": 4,
+            "concurrency": 4,
+            "secondary": [{"metric": "eval/episode_return"}],
+        }
+    )
+    with session_scope() as s:
+        study_id = service.create_study(s, cfg, team).id
+        read = create_token(s, f"{team}-read", "read", team)[1]
+        other = create_token(s, f"{team}-other", "read", f"{team}-other")[1]
+    # The embedded default, as `gtr study run` trains: no Redis, every part in process.
+    embedded = get_settings().model_copy(
+        update={"redis_url": None, "env_service_url": None, "policy_service_url": None}
+    )
+    for _ in range(10):
+        with session_scope() as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            queued = [r.id for r in service.advance(s, study)]
+            if service.finished(study):
+                break
+        for run_id in queued:
+            assert drive(run_id, settings=embedded) == "completed"
+    return TinyStudy(study_id, team, read, other, (QUOTED_ARM, HOSTILE_ARM), seeds)
