@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -62,6 +63,15 @@ API_ERRORS = {
 OPEN_API_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
+def _ui_bad_query(request: Request, detail: list[dict]) -> Response:
+    from services.api.routes.ui import bad_query_page
+    from shared.db.session import session_scope
+
+    errors = [f"{'.'.join(e['loc'][1:] or e['loc'])}: {e['msg']}" for e in detail]
+    with session_scope() as db:
+        return bad_query_page(request, db, errors)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NotFound)
     @app.exception_handler(BlobNotFound)
@@ -83,9 +93,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
         # Name each field and the reason; never echo the (possibly huge) input back.
-        return JSONResponse({"detail": validation_detail(exc)}, status_code=422)
+        detail = validation_detail(exc)
+        if request.method == "GET" and not request.url.path.startswith("/api"):
+            return await run_in_threadpool(_ui_bad_query, request, detail)  # a page: HTML
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(StaleDataError)
     async def raced(_: Request, exc: StaleDataError) -> JSONResponse:

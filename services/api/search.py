@@ -44,6 +44,11 @@ CORR_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(corrections.corrected_thought, 
 # The FTS5 tables of migration 0008 (SQLite): a row's rowid is its step's / correction's id.
 STEPS_FTS, CORRECTIONS_FTS = table("steps_fts", column("rowid")), table("corrections_fts")
 WORD = re.compile(r"[^\W_]+")
+# A stored thought is the output's JSON minus its action: its keys ("target number") are the
+# task's format, not the agent's words. PostgreSQL matches the values only: the index finds the
+# candidates, and this (a JSON string followed by ':' taken out) rechecks them.
+JSON_KEY = r'"([^"\\]|\\.)*"[[:space:]]*:'
+
 SPARSE = 8  # fewer than 1 step in SPARSE matching: a text search asks its index
 
 Verdict = Literal["corrected", "correct", "failed", "pending", "none"]
@@ -112,10 +117,7 @@ def _row_match(postgres: bool, q: str, corr: Any) -> Any:
     thought or corrected thought, tested row by row: PostgreSQL parses the two texts, SQLite
     looks the row up in its FTS5 tables."""
     if postgres:
-        config: Any = literal_column(f"'{TS_CONFIG}'")
-        texts = (Step.thought, corr.corrected_thought)
-        parsed = [func.to_tsvector(config, func.coalesce(t, "")) for t in texts]
-        return or_(*(p.op("@@")(func.plainto_tsquery(config, q)) for p in parsed))
+        return or_(*(_values_match(t, q) for t in (Step.thought, corr.corrected_thought)))
     words, rowid = fts5_query(q), literal_column("rowid", Integer)
     in_correction = (
         exists()
@@ -130,6 +132,13 @@ def _row_match(postgres: bool, q: str, corr: Any) -> Any:
     )
 
 
+def _values_match(text: Any, q: str) -> Any:
+    """PostgreSQL: the words of ``q`` are in the values of ``text``, not only in its JSON keys."""
+    config: Any = literal_column(f"'{TS_CONFIG}'")
+    values = func.regexp_replace(func.coalesce(text, ""), JSON_KEY, " ", "g")
+    return func.to_tsvector(config, values).op("@@")(func.plainto_tsquery(config, q))
+
+
 def _indexed(postgres: bool, run_id: int, q: str, after: int, before: int | None) -> list[Any]:
     """Conditions on Step: its thought holds the words of ``q``; its corrected thought does.
     Each the whole set of matches past the cursor from its text index, built before the steps
@@ -140,9 +149,13 @@ def _indexed(postgres: bool, run_id: int, q: str, after: int, before: int | None
         tsq = func.plainto_tsquery(literal_column(f"'{TS_CONFIG}'"), q)
         step_id: Any = Step.id
         thought = select(Step.id).where(
-            Step.run_id == run_id, literal_column(STEP_TSV).op("@@")(tsq)
+            Step.run_id == run_id,
+            literal_column(STEP_TSV).op("@@")(tsq),
+            _values_match(Step.thought, q),
         )
-        corr = literal_column(CORR_TSV).op("@@")(tsq)
+        corr = and_(
+            literal_column(CORR_TSV).op("@@")(tsq), _values_match(Correction.corrected_thought, q)
+        )
     else:
         words = fts5_query(q)
         step_id = STEPS_FTS.c.rowid

@@ -234,6 +234,7 @@ def list_episodes(
     corrected: bool | None,
     limit: int,
     offset: int,
+    newest_first: bool = False,
 ) -> tuple[Sequence[Episode], int]:
     query = select(Episode).where(Episode.run_id == run.id)
     if update is not None:
@@ -245,7 +246,8 @@ def list_episodes(
             Episode.corrected_steps > 0 if corrected else Episode.corrected_steps == 0
         )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Episode.id).limit(limit).offset(offset)).all()
+    order = Episode.id.desc() if newest_first else Episode.id
+    rows = session.scalars(query.order_by(order).limit(limit).offset(offset)).all()
     return rows, total
 
 

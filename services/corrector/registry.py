@@ -224,9 +224,13 @@ def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def corrector_stats(session: Session, name: str) -> CorrectorStats:
-    """Counts by status, failure rate, latency mean/p95 of the latest corrections."""
+def corrector_stats(session: Session, name: str, team: str | None = None) -> CorrectorStats:
+    """Counts by status, failure rate, latency mean/p95 of the latest corrections (``team``: of
+    that team's runs only, for a built-in corrector every team uses)."""
     where = models.Correction.corrector == name
+    if team is not None:
+        runs = select(models.Run.id).where(models.Run.team == team)
+        where = where & models.Correction.run_id.in_(runs)
     counts = dict(
         session.execute(
             select(models.Correction.status, func.count())

@@ -74,7 +74,7 @@ def test_trace_browser_corrected_step_diff_image_and_keys(
     step_id = seeded.corrected_step_ids[0]
     page.goto(f"{base_url}/runs/{seeded.run_id}/steps/{step_id}")
     card = page.locator(".correction[data-verdict=incorrect]")
-    assert card.locator(".verdict").inner_text().lower() == "incorrect"
+    assert card.locator(".verdict").inner_text().lower() == "corrected"  # the search's word
     diff = card.locator("pre.diff")
     assert diff.locator("del").count() >= 1 and diff.locator("ins").count() >= 1
     assert "expert" in card.locator(".reasoning").inner_text().lower()  # the real oracle's words

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.orm import Session
 
 from services.api import search, service
@@ -188,24 +188,55 @@ def _cell(v: Any) -> Any:
 # ---- the web UI's search page -----------------------------------------------------------
 
 
+VERDICT_NAMES = ("corrected", "correct", "failed", "pending", "none")
+
+
+class _Cursors(BaseModel):
+    after: int | None = Field(None, ge=0, le=2**63 - 1)
+    before: int | None = Field(None, ge=1, le=2**63 - 1)
+
+
+def form_errors(e: ValidationError) -> list[str]:
+    """A form's bad values, named as its fields are (the input itself is not echoed)."""
+    return [f"{'.'.join(map(str, err['loc'])) or 'query'}: {err['msg']}" for err in e.errors()]
+
+
+def read_form(params: dict[str, str]) -> tuple[search.StepFilter, _Cursors, list[str]]:
+    """The search form from the URL; a bad value is left out of the search and named."""
+    errors: list[str] = []
+    try:
+        cursors = _Cursors.model_validate(params)
+    except ValidationError as e:
+        cursors, errors = _Cursors(), form_errors(e)
+    try:
+        return search.StepFilter.model_validate(params), cursors, errors
+    except ValidationError as e:
+        bad = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+        good = {k: v for k, v in params.items() if k not in bad}
+        try:
+            f = search.StepFilter.model_validate(good)
+        except ValidationError:
+            f = search.StepFilter()
+        return f, cursors, errors + form_errors(e)
+
+
 @router.get("/runs/{run_id}/steps", include_in_schema=False)
-def steps_page(
-    request: Request,
-    run_id: RunId,
-    db: Db,
-    me: User,
-    f: Filter,
-    after: After = None,
-    before: Before = None,
-) -> HTMLResponse:
-    """Search a run's steps; every result opens its step page; the URL is the permalink."""
+def steps_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
+    """Search a run's steps; every result opens its step page; the URL is the permalink. A bad
+    value answers this page with the form's error (422), not the API's JSON."""
     try:
         run = service.get_run(db, me, run_id)
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
-    hits = search.search_steps(db, run, f, PAGE_SIZE, after=after, before=before)
+    f, cursors, errors = read_form(dict(request.query_params))
     query = urlencode(f.query_string())
     base = f"/runs/{run.id}/steps?" + (query + "&" if query else "")
+    if errors:  # the form, its errors and no results: a search on half the form would mislead
+        return render(
+            request, "steps.html", me, 422, run=run, f=f, errors=errors, hits=[],
+            verdicts=VERDICT_NAMES, total=0, capped=False, text=False, pages={}, query=query,
+        )  # fmt: skip
+    hits = search.search_steps(db, run, f, PAGE_SIZE, after=cursors.after, before=cursors.before)
     return render(
         request,
         "steps.html",
@@ -213,7 +244,7 @@ def steps_page(
         run=run,
         f=f,
         hits=_hits(db, hits.steps),
-        verdicts=("corrected", "correct", "failed", "pending", "none"),
+        verdicts=VERDICT_NAMES,
         total=hits.total,
         capped=hits.capped,
         text=bool((f.q or "").strip()),

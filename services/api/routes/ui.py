@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 from services.api import service
 from services.api.auth import COOKIE_NAME, from_our_pages, lookup_token, raw_token
 from services.api.deps import get_db
-from services.api.diff import readable, word_diff  # noqa: F401 - readable: tests import it here
+from services.api.diff import readable, word_diff
 from services.api.launch import check_launch
 from services.controller.correction_stats import failure_reasons
-from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken
+from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken, Episode
 from shared.schemas import RunConfig
 
 HERE = FsPath(__file__).resolve().parent.parent
@@ -34,6 +34,15 @@ COOKIE_MAX_AGE = 7 * 24 * 3600
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def thought_line(text: str | None) -> str:
+    """A stored thought (the output's JSON minus its action) as one line a person reads:
+    'key: value' pairs, JSON escapes decoded (\\ufffd shown as the character it stands for)."""
+    return " · ".join(readable(text).splitlines()) if text else "∅"
+
+
+templates.env.filters["thought_line"] = thought_line
 Db = Annotated[Session, Depends(get_db)]
 INT32 = 2**31 - 1
 RunId = Annotated[int, Path(ge=1, le=INT32)]
@@ -273,6 +282,18 @@ def cancel(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     return back_to_run(run_id)
 
 
+def bad_query_page(request: Request, db: Session, errors: list[str]) -> Response:
+    """A UI page asked with a value its query cannot hold (?page=abc, ?runs=x): the page's
+    answer is HTML naming the value, not the API's JSON 422 (the step search and the episodes
+    page show it in their own form)."""
+    token = lookup_token(db, raw_token(request))
+    if token is None:  # the login page first, as for any page
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={quote(target)}", status.HTTP_303_SEE_OTHER)
+    message = "This page cannot read its address: " + "; ".join(errors) + "."
+    return render(request, "error.html", token, 422, message=message, title="Bad request")
+
+
 def not_found_page(request: Request, me: ApiToken, what: str) -> HTMLResponse:
     """The 404 page for something absent or not visible to the user's team."""
     return render(
@@ -363,6 +384,9 @@ def _tristate(value: str | None) -> bool | None:
     return {"true": True, "false": False}.get((value or "").lower())
 
 
+UPDATE_ERROR = "update: a whole number from 0 (updates are numbered as on the charts)"
+
+
 @router.get("/runs/{run_id}/episodes")
 def episodes_page(
     request: Request,
@@ -379,16 +403,23 @@ def episodes_page(
         run = service.get_run(db, me, run_id)
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
-    upd = int(update) if update and re.fullmatch(r"[0-9]{1,9}", update) else None
+    upd = int(update) if update and re.fullmatch(r"[0-9]{1,9}", update.strip()) else None
+    errors = [] if upd is not None or not (update or "").strip() else [UPDATE_ERROR]
     ok, corr = _tristate(success), _tristate(corrected)
     filters = {"update": upd, "success": ok, "corrected": corr}
     page = max(1, page)
-    rows, total = service.list_episodes(db, run, upd, ok, corr, PAGE_SIZE, (page - 1) * PAGE_SIZE)
+    # Newest first, as the runs list: the pager's "Older →" then opens older episodes.
+    offset = (page - 1) * PAGE_SIZE
+    rows, total = service.list_episodes(db, run, upd, ok, corr, PAGE_SIZE, offset, True)
+    if errors:  # no list under a filter the page could not read
+        rows, total = [], 0
     query = {k: str(v).lower() for k, v in filters.items() if v is not None}
     return render(
         request,
         "episodes.html",
         me,
+        422 if errors else 200,
+        errors=errors,
         run=run,
         episodes=rows,
         filters=filters,
@@ -407,10 +438,30 @@ def episode_page(
     except service.NotFound:
         return not_found_page(request, me, f"episode {episode_id}")
     if not steps:
-        return render(
-            request, "error.html", me, 404, message=f"Episode {episode_id} has no steps yet."
-        )
+        return _stepless(request, me, service.get_episode(db, me, episode_id))
     return RedirectResponse(f"/runs/{run_id}/steps/{steps[0][0].id}", status.HTTP_303_SEE_OTHER)
+
+
+# A verdict in the words of the step search's filter, on the step's header and its card alike.
+VERDICT_WORDS = {"incorrect": "corrected", "correct": "correct"}
+
+
+def _stepless(request: Request, me: ApiToken, episode: Episode) -> HTMLResponse:
+    """An episode without a step: one still waiting for its first (404: nothing to show yet),
+    or one the run's end cut off before it took any (a fact about the run: shown, not 404)."""
+    if not episode.finished:
+        return render(
+            request, "error.html", me, 404, message=f"Episode {episode.id} has no steps yet."
+        )
+    return render(
+        request,
+        "error.html",
+        me,
+        message=f"Episode {episode.id} was cut off before its first step: the run ended (or was "
+        "interrupted) just after the env began it, so it has nothing to show.",
+        title="No steps",
+        back=f"/runs/{episode.run_id}/episodes",
+    )
 
 
 @router.get("/runs/{run_id}/steps/{step_id}")
@@ -442,6 +493,7 @@ def step_page(request: Request, run_id: RunId, step_id: StepId, db: Db, me: User
         diffs=diffs,
         timeline=service.list_steps(db, episode),
         state_json=json.dumps(step.state, indent=1, sort_keys=True),
+        verdict_words=VERDICT_WORDS,
     )
 
 
@@ -455,9 +507,14 @@ def api_docs(request: Request) -> HTMLResponse:
 
 
 @router.get("/correctors")
-def correctors_page(request: Request, me: User) -> HTMLResponse:
-    """Registered correctors: register, test, latency and failure rate."""
-    return render(request, "correctors.html", me)
+def correctors_page(request: Request, db: Db, me: User) -> HTMLResponse:
+    """The built-in oracle and the registered correctors: register, test, latency and failure
+    rate (the oracle's over the team's runs; admin tokens: over every team's)."""
+    from services.corrector.registry import corrector_stats
+    from services.corrector.service import ORACLE
+
+    team = None if me.scope == "admin" else me.team
+    return render(request, "correctors.html", me, oracle=corrector_stats(db, ORACLE, team))
 
 
 @router.get("/static/{path:path}")

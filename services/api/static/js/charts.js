@@ -136,11 +136,21 @@ gtr.charts = {
     const c = gtr.charts;
     const show = i => (Array.isArray(points) ? points[i] : points);
     const x = {time: false};
-    if (intX) x.range = (u, min, max) => (min === max ? [min - 0.5, max + 0.5] : [min, max]);
+    if (intX) {
+      x.range = (u, min, max) => {
+        const r = min === max ? [min - 0.5, max + 0.5] : [min, max];
+        box.dataset.xRange = r.join(' ');  // what the axis spans, for a reader (and a test)
+        return r;
+      };
+    }
     const xAxis = {label: xLabel, size: 36, labelSize: 14};
     if (intX) {
       xAxis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
-      xAxis.values = (u, splits) => splits.map(v => (Number.isInteger(v) ? String(v) : ''));
+      xAxis.values = (u, splits) => {
+        const labels = splits.map(v => (Number.isInteger(v) ? String(v) : ''));
+        box.dataset.xTicks = labels.filter(Boolean).join(' ');
+        return labels;
+      };
     }
     const opts = {
       title, width: box.clientWidth || 420, height: c.HEIGHT,

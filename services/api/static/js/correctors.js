@@ -2,7 +2,7 @@
 (() => {
   const scope = document.body.dataset.scope;
   const canTest = scope === 'write' || scope === 'admin';
-  const tbody = document.querySelector('#correctors-table tbody');
+  const tbody = document.getElementById('registered-correctors');
   const errorBox = document.getElementById('correctors-error');
   const {el, pct, num} = gtr;
 
@@ -45,7 +45,7 @@
       const items = await gtr.api('/api/correctors');
       const stats = await Promise.all(items.map(c => gtr.api(`/api/correctors/${c.id}/stats`).catch(() => null)));
       tbody.replaceChildren(...items.map((c, i) => row(c, stats[i])));
-      if (!items.length) tbody.replaceChildren(el('tr', {}, el('td', {colspan: 11, class: 'muted'}, 'No corrector registered yet: runs use the built-in oracle.')));
+      if (!items.length) tbody.replaceChildren(el('tr', {}, el('td', {colspan: 11, class: 'muted'}, 'No corrector registered yet: runs use the built-in oracle (above).')));
       showError('');
     } catch (err) { showError(`Could not load the correctors: ${err.message}`); }
   }

@@ -96,12 +96,14 @@
     root.dataset.points = String(updates.length);
   }
 
-  // Rows past `stable` are read again: a row is final once the run counts it done.
+  // Rows past `stable` are read again: a row is final once the run counts it done and none of
+  // its corrections is still pending (a late one rewrites its update's figures), or the run ended.
   async function refreshUpdates(run) {
     const fresh = await C.fetchUpdates(runId, stable);
     updates.splice(stable, updates.length - stable, ...fresh);
-    const done = TERMINAL.includes(run.status) ? Infinity : run.updates_done;
-    while (stable < updates.length && updates[stable].idx < done) stable += 1;
+    const ended = TERMINAL.includes(run.status);
+    const final = u => ended || (u.idx < run.updates_done && !(u.metrics.corrections_pending > 0));
+    while (stable < updates.length && final(updates[stable])) stable += 1;
   }
 
   // The server's own rendering of the live parts: the same template a reload renders.
