@@ -269,6 +269,12 @@ class TrainConfig(_Strict):
     group_eps: float = Field(
         1e-6, gt=0, le=1, description="grpo: epsilon in (R - mean) / (std + eps)"
     )
+    grpo_rollout: Literal["episodes", "steps"] = Field(
+        "episodes",
+        description="grpo: episodes = every env plays one whole episode of its group's deal, "
+        "num_steps its step cap (the rollout ends when all have ended); steps = num_steps steps, "
+        "episodes cut at the end and later ones in smaller groups (before issue 40)",
+    )
 
 
 class CorrectorErrors(_Strict):

@@ -76,7 +76,7 @@ class Collected:
 
         return Rollout(
             num_envs=cfg.train.num_envs,
-            num_steps=cfg.train.num_steps,
+            num_steps=len(self.rewards) // cfg.train.num_envs,  # fewer: grpo by episodes
             step_ids=np.asarray(self.step_ids, dtype=np.int64),
             prompts=np.asarray(self.prompts),
             image_shas=np.asarray(self.shas),
@@ -128,8 +128,9 @@ class RolloutCollector:
         self.cancel_seen = False  # the recorder thread saw the run's cancel flag
 
     def collect(self, u: int) -> Collected:
-        """``num_steps`` batched env steps. Each step's rows are written, and its well-formed steps
-        queued for correction, on the recorder thread while the next step generates."""
+        """``num_steps`` batched env steps (grpo by episodes: until every env's episode ended).
+        Each step's rows are written, and its well-formed steps queued for correction, on the
+        recorder thread while the next step generates."""
         ro, eps = Collected(), self.episodes
         eps.for_update(u)
         gen = self.cfg.generation
@@ -143,6 +144,7 @@ class RolloutCollector:
         clock = self.clock = StageClock()
         stream = self._policy_rollout(params)
         with WritePipeline() as writer, _closed_after(stream):
+            ended = np.zeros(self.cfg.train.num_envs, dtype=bool)  # grpo by episodes
             for t in range(self.cfg.train.num_steps):
                 if self.cancel_seen:  # read by the recorder thread with each step it writes
                     raise Cancelled()
@@ -167,6 +169,9 @@ class RolloutCollector:
                     self.book.settle([i for i, r in zip(ids, records, strict=True) if r.correct])
                     if self.cfg.corrector.feedback:  # the verdicts are in: act on them
                         self.feedback(ro, u, len(ro.rewards) - len(ids), ids)
+                ended |= np.asarray(ro.dones[-len(ended) :], dtype=bool)
+                if eps.whole_episodes and ended.all():
+                    break  # every env's episode is whole: the rollout ends here
             with clock("record_wait"):  # what the recorder thread had not written yet
                 for ids, shas in writer.results():
                     ro.step_ids += ids
@@ -181,6 +186,8 @@ class RolloutCollector:
         remote = getattr(self.policy, "rollout", None)
         env_url = getattr(self.envs, "base_url", None)
         if not (self.policy_steps_envs and remote and env_url) or self.cfg.corrector.wait == "step":
+            return None
+        if self.episodes.whole_episodes:  # its length is known only as it goes
             return None
         sessions, obs = self.episodes.sessions, self.episodes.obs
         if len(sessions) > MAX_SAMPLES:  # one stream's limit; generate splits its requests

@@ -45,6 +45,9 @@ class Episodes:
         size = record_time_size(self.cfg.task, self.cfg.env.model_dump())
         env = self.cfg.env.model_copy(update={"display_size": size})
         with session_scope() as s:
+        if self.whole_episodes:  # grpo by episodes: num_steps is the step cap per episode
+            cap = min(env.max_episode_steps or self.cfg.train.num_steps, self.cfg.train.num_steps)
+            env = env.model_copy(update={"max_episode_steps": cap})
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
                 sid = self.envs.create(
@@ -54,6 +57,11 @@ class Episodes:
                 self.obs.append(self.envs.reset(sid))
                 seq = store.next_episode_seq(s, self.run_id, e)
                 self.cursors.append(open_episode(s, self.run_id, e, seq, u))
+
+    @property
+    def whole_episodes(self) -> bool:
+        """grpo with ``train.grpo_rollout = "episodes"``: a rollout is each env's one episode."""
+        return self.cfg.algorithm in GROUP_ALGORITHMS and self.cfg.train.grpo_rollout == "episodes"
 
     def for_update(self, u: int) -> None:
         """grpo: every rollout starts fresh groups (same deal within a group, new deals per

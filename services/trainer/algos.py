@@ -223,7 +223,12 @@ def group_normalize(
 
 
 def grpo_advantages(
-    rewards: Tensor, dones: Tensor, group_size: int, eps: float = 1e-6, use_std: bool = True
+    rewards: Tensor,
+    dones: Tensor,
+    group_size: int,
+    eps: float = 1e-6,
+    use_std: bool = True,
+    first_only: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """Episode-level group advantages broadcast to steps: (T, E) → Â (T, E) and counts.
 
@@ -231,8 +236,12 @@ def grpo_advantages(
     controller gives a group's sessions one seed and restarts them every rollout), so the
     trajectories of group (g, k) are the G rollouts of one start state. Every step of a complete
     episode gets that episode's Â; steps of episodes still running at the rollout's end get 0.
+    first_only (``train.grpo_rollout = "episodes"``): only the first episode of each env forms
+    groups (the controller rolls until every one of them ended); the steps after it get 0.
     """
     ret, ordinal, complete = episode_returns(rewards, dones)
+    if first_only:
+        complete = complete & (ordinal == 0)
     num_steps, num_envs = rewards.shape
     env = torch.arange(num_envs).unsqueeze(0).expand(num_steps, num_envs)
     # One row per complete episode: its first step (ordinal changes or t = 0) stands for it.
@@ -255,6 +264,8 @@ def grpo_advantages(
         "grpo/degenerate_frac": deg_groups / n_groups if n_groups else 0.0,
         "grpo/episodes": float(int(pick.sum())),
         "grpo/incomplete_step_frac": float((~complete).to(torch.float32).mean()),
+        # Steps that carry no policy gradient: cut-off episodes and degenerate groups alike.
+        "grpo/zero_adv_frac": float((adv == 0).to(torch.float32).mean()),
     }
 
 

@@ -176,7 +176,12 @@ class Trainer:
         dones = as_te(rollout.dones)
         cfg = self.cfg
         adv, stats = algos.grpo_advantages(
-            rewards, dones, cfg.group_size, cfg.group_eps, cfg.group_std
+            rewards,
+            dones,
+            cfg.group_size,
+            cfg.group_eps,
+            cfg.group_std,
+            first_only=cfg.grpo_rollout == "episodes",
         )
         self._extra = stats
         ret, _, _ = algos.episode_returns(rewards, dones)

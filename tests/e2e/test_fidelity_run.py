@@ -1,7 +1,8 @@
 """One short embedded `gtr train` with every new fidelity option on at once (docs/fidelity.md):
 GTR's DAgger draw, the ratio rule, the cosine SFT weight, thought+action cloning, the newest
 corrections only, the judge and length rewards, the reference's cosine period, the image-reading
-value head, the generated-only repetition penalty, the synchronous loop with corrector feedback.
+value head, the generated-only repetition penalty, the synchronous loop with corrector feedback,
+the fallible oracle (corrector.errors) whose accuracy against the exact judge each update records.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def _config(checkpoint) -> str:  # type: ignore[no-untyped-def]
     cfg = cfg.replace('finetune = "full"\n', 'finetune = "full"\nvalue_head = "mlp+image"\n')
     cfg = cfg.replace("[generation]\nmax_new_tokens = 40\n", OPTIONS)
     cfg = cfg.replace("ppo_epochs = 1\n", "ppo_epochs = 1\n" + TRAIN)
-    cfg = cfg.replace("wait_timeout_s = 60\n", "wait_timeout_s = 60\nfeedback = true\n")
+    cfg = cfg.replace(
+        "wait_timeout_s = 60\n", "wait_timeout_s = 60\nfeedback = true\nerrors = { choice = 0.3 }\n"
+    )
     return cfg.replace("probe_states = 4", "probe_states = 0")
 
 
@@ -68,6 +71,9 @@ def test_every_fidelity_option_trains_end_to_end(tmp_path, warm_checkpoint) -> N
             )
         ).all()
         ckpt = conn.execute(text("SELECT path FROM checkpoints ORDER BY update_idx DESC")).first()
+        marks = conn.execute(
+            text("SELECT update_idx, extras FROM corrections WHERE status = 'done' ORDER BY id")
+        ).all()
     engine.dispose()
     assert config["train"]["dagger"] == "reference" and config["model"]["value_head"] == "mlp+image"
     assert [u.get("trained") for u in updates] == [True, True]
@@ -80,3 +86,13 @@ def test_every_fidelity_option_trains_end_to_end(tmp_path, warm_checkpoint) -> N
     assert judged[0][1] < 1.0
     assert [u["sft_coef"] for u in updates] == pytest.approx([1.0, 0.5])
     assert ckpt is not None
+    # The fallible oracle's answers, each marked against the exact judge; the update's
+    # corrector/accuracy is their mean (a third of its answers err: below 1).
+    assert config["corrector"]["errors"]["choice"] == 0.3
+    for idx, u in enumerate(updates):
+        got = [
+            json.loads(e)["accurate"] if isinstance(e, str) else e["accurate"]
+            for i, e in marks
+            if i == idx
+        ]
+        assert got and u["corrector/accuracy"] == pytest.approx(sum(got) / len(got))

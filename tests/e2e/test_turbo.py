@@ -39,14 +39,14 @@ def _config(
 
 
 def test_grpo_and_gtr_turbo_kl(pg_url: str, warm_checkpoint: Path) -> None:
-    # grpo: 4 envs in groups of 2; no value loss, no corrector.
+    # grpo by steps (the older rollout): 4 envs in groups of 2; no value loss, no corrector.
     cfg = _config(
         warm_checkpoint,
         4,
         4,
         algorithm="grpo",
         env={"max_episode_steps": 2},  # episodes end inside the rollout: complete groups
-        train={"group_size": 2},
+        train={"group_size": 2, "grpo_rollout": "steps"},
     )
     run_id = _run(cfg)
     with session_scope() as s:
@@ -70,6 +70,32 @@ def test_grpo_and_gtr_turbo_kl(pg_url: str, warm_checkpoint: Path) -> None:
                 assert len(pairs) >= 2 and all(x == y for x, y in pairs)
             assert starts[(u, 0)] != starts[(u, 2)]
         assert not s.scalars(select(Correction.id).where(Correction.run_id == run_id)).all()
+
+    # grpo by whole episodes (the default): num_steps = 3 is the cap per episode; a rollout
+    # ends once every env's first episode ended, and those alone form the groups: all complete.
+    run_id = _run(_config(warm_checkpoint, 4, 3, algorithm="grpo", train={"group_size": 2}))
+    with session_scope() as s:
+        metrics = s.scalars(select(Update.metrics).where(Update.run_id == run_id)).all()
+        assert all(m["grpo/groups"] == 2 and m["grpo/episodes"] == 4 for m in metrics), metrics
+        assert all(0.0 <= m["grpo/zero_adv_frac"] <= 1.0 for m in metrics)
+        for u in (0, 1):
+            firsts = s.scalars(
+                select(Episode)
+                .where(Episode.run_id == run_id, Episode.update_idx == u)
+                .order_by(Episode.env_index, Episode.seq)
+            ).all()
+            lengths, whole = {}, {}
+            for e in firsts:
+                lengths.setdefault(e.env_index, e.length)
+                whole.setdefault(e.env_index, e.finished)
+            steps = s.scalars(
+                select(Step.idx).where(Step.run_id == run_id, Step.update_idx == u)
+            ).all()
+            # Every env's first episode is whole (at most 3 steps), and the rollout lasted as
+            # long as the longest of them.
+            assert sorted(lengths) == [0, 1, 2, 3] and all(1 <= n <= 3 for n in lengths.values())
+            assert all(whole.values())
+            assert len(steps) == 4 * max(lengths.values())
 
     # gtr_turbo_kl: no corrector; the KL penalty against the merged teacher enters the returns.
     # Updates 0 and 1 are taught by the policy that sampled them (the warm start, then the
