@@ -44,10 +44,10 @@ class Episodes:
         # redraw (THOR's camera) are drawn while recording.
         size = record_time_size(self.cfg.task, self.cfg.env.model_dump())
         env = self.cfg.env.model_copy(update={"display_size": size})
-        with session_scope() as s:
         if self.whole_episodes:  # grpo by episodes: num_steps is the step cap per episode
             cap = min(env.max_episode_steps or self.cfg.train.num_steps, self.cfg.train.num_steps)
             env = env.model_copy(update={"max_episode_steps": cap})
+        with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
                 sid = self.envs.create(
