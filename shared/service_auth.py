@@ -104,7 +104,7 @@ def secure_service(
 ) -> FastAPI:
     """Token, body limit, error handlers and documented errors for an internal service app;
     ``open_paths`` take no token (probes and scrapes)."""
-    from services.api.middleware import BodyLimit
+    from shared.body_limit import BodyLimit
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     # outermost: no body is read without it

@@ -10,7 +10,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.corrector.service import ORACLE, usable_by
+# A run's launch (its checks, the queued row) lies below the API: `gtr train` shares it.
+from services.controller.launch import Invalid as Invalid
+from services.controller.launch import check_corrector as check_corrector
+from services.controller.launch import create_run as create_run
 from shared.db.models import (
     TERMINAL_STATUSES,
     ApiToken,
@@ -22,7 +25,7 @@ from shared.db.models import (
     Step,
     Update,
 )
-from shared.schemas import NO_CORRECTOR_ALGORITHMS, SELF_TEACHER, RunConfig
+from shared.schemas import NO_CORRECTOR_ALGORITHMS
 
 
 class NotFound(LookupError):
@@ -33,56 +36,10 @@ class Conflict(RuntimeError):
     pass
 
 
-class Invalid(ValueError):
-    """A value that passed the schema but names something absent or not the caller's (-> 422)."""
-
-    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
-        super().__init__(f"{'.'.join(loc)}: {msg}")
-        self.loc, self.msg = loc, msg
-
-
-def check_corrector(session: Session, config: RunConfig, team: str) -> None:
-    """A run naming a corrector its team cannot use would train without corrections (every
-    call failing): refuse it at launch. One message for "absent" and "another team's", so
-    nothing here tells a team what exists outside its reach."""
-    name = config.corrector.name
-    # Built in (oracle, the self-teacher) or inline in the run's [corrector]: nothing to look up
-    # (an inline one still meets the egress policy and the key prefix when it is called).
-    if not config.uses_corrector or name in (ORACLE, SELF_TEACHER) or config.corrector.kind:
-        return
-    from shared.db.models import Corrector
-
-    row = session.scalar(select(Corrector).where(Corrector.name == name))
-    if row is None or not usable_by(row, team):
-        raise Invalid(
-            ("corrector", "name"),
-            f"no corrector named '{name}' is available to team '{team}' (register one with "
-            "`gtr corrector add` or POST /api/correctors, ask an admin to mark one shared, "
-            "or use 'oracle')",
-        )
-
-
 def visible_runs(token: ApiToken):  # type: ignore[no-untyped-def]
     """Runs are owned by a team; admin tokens see every team."""
     query = select(Run)
     return query if token.scope == "admin" else query.where(Run.team == token.team)
-
-
-def create_run(session: Session, config: RunConfig, team: str) -> Run:
-    check_corrector(session, config, team)
-    run = Run(
-        name=config.name,
-        team=team,
-        task=config.task,
-        algorithm=config.algorithm,
-        status="queued",
-        config=config.model_dump(mode="json"),
-        total_env_steps=config.total_env_steps,
-        num_updates=config.train.num_updates,
-    )
-    session.add(run)
-    session.flush()
-    return run
 
 
 def list_runs(

@@ -32,7 +32,7 @@ def train(config: Path, name: str | None, updates: int | None, seed: int | None)
         preflight(cfg)
     except PreflightError as e:
         raise click.ClickException(str(e)) from None
-    from services.api.service import Invalid, create_run
+    from services.controller.launch import Invalid, create_run
     from services.controller.loop import drive
     from shared.db.migrate import ensure_schema
     from shared.db.session import session_scope
