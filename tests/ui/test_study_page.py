@@ -56,6 +56,7 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
     primary_chart = page.locator(".study-chart[data-role=primary]")
     assert primary_chart.count() == 1
     assert primary_chart.locator("canvas").evaluate("c => c.width * c.height") > 10_000
+    shot(page, "study-page")
     # One run of the runs table opens.
     page.click(f"#study-runs a[href='/runs/{report.runs[0].run_id}']")
     page.wait_for_load_state("networkidle")
@@ -63,7 +64,7 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
     page.go_back()
     page.click("a[href='/studies']")
     assert page.locator("#studies a", has_text="onerror").count() == 1
-    shot(page, "study-page")
+    shot(page, "studies-list")
     assert not dialogs and not page.js_errors
 
 

@@ -94,7 +94,7 @@ def _arm_runs(block: MetricBlock, arm: str) -> str:
 
 @router.get("/studies/{study_id}/report.json")
 def study_json(study_id: StudyId, db: Db, me: User) -> Response:
-    """The whole report as JSON (as GET /api/studies/{id}/report returns it)."""
+    """The whole report as JSON (as GET /api/studies/{id} returns it), as a download."""
     report = _report(db, me, study_id)
     if report is None:
         return Response(json.dumps({"detail": f"study {study_id} not found"}), 404)

@@ -156,3 +156,26 @@ def test_terminal_table_keeps_hostile_names_as_text(report) -> None:  # type: ig
     assert "primary: eval/success_rate (final)" in text
     assert "secondary metrics" in text
     assert text.index("primary:") < text.index("secondary metrics")
+
+
+def test_a_study_without_runs_yet_reports_waiting_cells(db) -> None:  # type: ignore[no-untyped-def]
+    from services.study import service
+    from services.study.schemas import StudyConfig
+
+    cfg = StudyConfig.model_validate(
+        {
+            "name": "not started",
+            "tasks": {"numberline": {"base": {"task": "numberline", "init": {"kind": "none"}}}},
+            "arms": {"a": {}, "b": {"algorithm": "rl4vlm"}},
+            "seeds": [1, 2, 3],
+        }
+    )
+    study = service.create_study(db, cfg, "empty-team")
+    report = build_report(db, study.id)
+    assert (report.progress.cells, report.progress.waiting, report.progress.done) == (6, 6, 0)
+    assert report.progress.eta_s is None
+    (group,) = report.groups
+    assert [a.mean.n for a in group.primary.arms] == [0, 0]
+    assert group.primary.comparisons[0].verdict == "not decided at 0 seeds"
+    assert group.deal_space.eval_deals == 0
+    assert "not decided at 0 seeds" in render_report(report)
