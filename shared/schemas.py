@@ -554,6 +554,13 @@ class RunConfig(_Strict):
         check_storable(data, "config")
         return data
 
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _no_bool_seed(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # JSON false would pass as the seed 0
+            raise ValueError("seed must be an integer, not true or false")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         if self.init.kind == "checkpoint" and not self.init.checkpoint:

@@ -104,8 +104,10 @@ def secure_service(
 ) -> FastAPI:
     """Token, body limit, error handlers and documented errors for an internal service app;
     ``open_paths`` take no token (probes and scrapes)."""
+    from shared.allow import AllowEveryMethod
     from shared.body_limit import BodyLimit
 
+    app.add_middleware(AllowEveryMethod, documented=app)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     # outermost: no body is read without it
     app.add_middleware(ServiceToken, token=token, open_paths=open_paths)

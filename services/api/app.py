@@ -16,6 +16,7 @@ from services.api.prom import api_registry
 from services.api.routes import routers
 from services.api.service import Conflict, Invalid, NotFound
 from shared.body_limit import BodyLimit
+from shared.allow import AllowEveryMethod
 from shared.observe import install as install_metrics
 from shared.service_auth import document_errors, validation_detail
 from shared.settings import Settings, get_settings
@@ -37,6 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for router in routers():
         app.include_router(router)
+    app.add_middleware(AllowEveryMethod, documented=app)
     app.add_middleware(
         RateLimit,
         per_minute=settings.api_rate_limit_per_minute,
@@ -112,9 +114,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DataError)
     async def out_of_range(_: Request, exc: DataError) -> JSONResponse:
         # A value the schema allowed but the database cannot hold (e.g. an id past 2**31).
-        return JSONResponse(
-            {"detail": "a value is out of the range the database accepts"}, status_code=422
-        )
+        # The documented 422 shape; the field is not known here.
+        detail = [
+            {"loc": [], "msg": "a value is out of the range the database accepts", "type": "range"}
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:

@@ -41,8 +41,8 @@ def decode_png(data: str) -> np.ndarray:
 class CreateEnvRequest(_Strict):
     task: Task = Field(description="numberline | ezpoints | points24 | blackjack | alfworld")
     config: EnvConfig = Field(default_factory=lambda: EnvConfig.model_validate({}))
-    seed: int | None = Field(
-        None, ge=0, le=2**63 - 1, description="Seeds the first episode; null = random"
+    seed: int | None = Field(  # strict: JSON false is not the seed 0
+        None, ge=0, le=2**63 - 1, strict=True, description="Seeds the first episode; null = random"
     )
 
 

@@ -42,7 +42,7 @@ class Sampling(BaseModel):
     repetition_penalty: float = Field(1.0, ge=1, le=3)
     repetition_scope: Literal["generated", "all"] = "generated"
     greedy: bool = False
-    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, strict=True)  # JSON false is not 0
 
 
 class GenerateRequest(Sampling):

@@ -14,13 +14,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import CHECKS as CHECK_REGISTRY
+from schemathesis.checks import load_all_checks
 from schemathesis.generation import GenerationMode
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 from sqlalchemy import func, select
 
 from services.api.app import create_app
@@ -38,12 +34,8 @@ from tests.conftest import live_server
 pytestmark = pytest.mark.slow
 
 TOKEN = "fuzz-service-token-" + "f" * 32
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
+load_all_checks()
+CHECKS = CHECK_REGISTRY.get_all()  # the CLI's --checks all
 # Examples per document (positive and negative cases together): bounded for CI's two cores.
 BUDGET = {"api": 150, "api-anonymous": 30, "env": 40, "policy": 25, "corrector": 25}
 

@@ -382,3 +382,26 @@ def test_open_metrics_name_no_corrector(api: dict, db: Any) -> None:
     finally:
         fake.server.shutdown()
         fake.server.server_close()
+
+
+# ---- 6: what schemathesis --checks all found by hand-checkable examples ----------------------
+
+
+def test_a_405_allows_every_documented_method_of_the_path(api: dict) -> None:
+    for path, allowed in [("/api/runs", "GET, POST"), ("/api/correctors/1", "DELETE, GET, PATCH")]:
+        r = _call(api, "OPTIONS", path, "ops")
+        assert r.status_code == 405 and r.headers["allow"] == allowed, (path, r.headers)
+    settings = Settings(service_token=TOKEN)  # type: ignore[arg-type]
+    with live_server(env_app(EnvPool(), settings)) as url:
+        r = httpx.request("OPTIONS", f"{url}/envs/x", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET", r.headers
+
+
+def test_a_seed_of_false_is_not_the_seed_0(api: dict) -> None:
+    r = _call(api, "POST", "/api/runs", "alpha", json={"task": "numberline", "seed": False})
+    _refused_422(r, ["seed"])
+    settings = Settings(service_token=TOKEN)  # type: ignore[arg-type]
+    with live_server(env_app(EnvPool(), settings)) as url:
+        body = {"task": "numberline", "seed": False}
+        r = httpx.post(f"{url}/envs", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 422, r.text

@@ -33,6 +33,8 @@ router = APIRouter(prefix="/api", tags=["runs"])
 Db = Annotated[Session, Depends(get_db, scope="function")]
 Reader = Annotated[ApiToken, Depends(require_read)]
 Writer = Annotated[ApiToken, Depends(require_write)]
+# Documented for clients and schemathesis; check_sha answers anything else with a 400.
+BlobId = Annotated[str, Path(json_schema_extra={"pattern": "^[0-9a-f]{64}$"})]
 Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=10_000_000)]
 Id = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -204,7 +206,7 @@ def list_checkpoints(run_id: RunId, db: Db, token: Reader) -> Page[CheckpointOut
 @router.get(
     "/blobs/{sha}", response_class=Response, responses={200: {"content": {"image/png": {}}}}
 )
-def get_blob(sha: str, token: Reader) -> Response:
+def get_blob(sha: BlobId, token: Reader) -> Response:
     """A stored blob (observation images are PNG) by its sha256."""
     data = blob_store().get(check_sha(sha))
     media = "image/png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "application/octet-stream"
