@@ -20,6 +20,7 @@ from services.controller.recorder import (
 from services.env.display import record_time_size
 from shared.db.session import session_scope
 from shared.schemas import GROUP_ALGORITHMS, RunConfig
+from shared.seeds import train_env_seed
 
 log = logging.getLogger("gtr.controller")
 
@@ -50,9 +51,8 @@ class Episodes:
         with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
-                sid = self.envs.create(
-                    self.cfg.task, env, seed=(self.cfg.seed * 1000 + u) * 1000 + e // per
-                )
+                seed = train_env_seed(self.cfg.seed, u, e // per)  # shared/seeds.py
+                sid = self.envs.create(self.cfg.task, env, seed=seed)
                 self.sessions.append(sid)
                 self.obs.append(self.envs.reset(sid))
                 seq = store.next_episode_seq(s, self.run_id, e)

@@ -19,6 +19,7 @@ from services.controller.backends import (
     ThreadCorrections,
 )
 from services.controller.service import RunDriver
+from services.study.service import advance_all
 from shared.db.models import Run, utcnow
 from shared.db.session import session_scope
 from shared.logs import run_context, tag_clients
@@ -190,6 +191,9 @@ def serve_forever(poll_s: float = 2.0, stale_after_s: float = 60.0, once: bool =
     log.info("controller up: polling for runs every %.1fs", poll_s)
     while True:
         try:
+            with session_scope() as s:
+                # Studies: their next runs join the queue, up to each study's concurrency.
+                advance_all(s)
             run_id = claim_next(stale_after_s)
             if run_id is not None:
                 log.info("driving run %s", run_id)

@@ -13,11 +13,10 @@ from services.controller import store
 from services.controller.backends import Envs
 from services.controller.evaluate import greedy_generate
 from shared.schemas import RunConfig
+from shared.seeds import probe_seed
 
 if TYPE_CHECKING:
     from services.policy.protocol import RolloutPolicy
-
-PROBE_SEED = 1_000_003  # probe states are the same for every run of a task
 
 
 class CollapseMonitor:
@@ -33,7 +32,7 @@ class CollapseMonitor:
         ALFWorld game of a kitchen opens on one view), a state a few expert steps later."""
         found: dict[tuple[str, str], Any] = {}
         for i in range(self.cfg.metrics.probe_states):
-            self._walk(PROBE_SEED + i, found)
+            self._walk(probe_seed(i), found)  # the same for every run of a task
         out = list(found.values())
         self.ideal = [self._ideal_thought(o.state) for o in out]
         self.images = [sha for sha, _ in found]

@@ -31,7 +31,7 @@ from services.controller.backends import Corrections, Envs, TrainerBackend, chec
 from services.controller.collector import RolloutCollector, last_values
 from services.controller.correction_book import CorrectionBook
 from services.controller.episodes import Episodes
-from services.controller.evaluate import evaluate
+from services.controller.evaluate import DealOutcome, evaluate_deals, summarize
 from services.controller.monitor import CollapseMonitor
 from services.controller.outages import Cancelled, Outages, check_cancel, is_interruption
 from services.controller.recorder import discard_after
@@ -207,11 +207,15 @@ class RunDriver:
         set_phase(self.run_id, "evaluating")
         extra = self.monitor.figures(probe, u)
         episodes, every = self.cfg.metrics.eval_episodes, self.cfg.metrics.eval_every
+        deals: list[DealOutcome] = []  # each deal's outcome, for the studies' statistics
         # After the first update (a baseline close to the warm start), every N-th and the last.
         if episodes and (u == 0 or (u + 1) % every == 0 or u + 1 == self.cfg.train.num_updates):
-            extra |= evaluate(self.envs, self.policy, self.cfg, episodes)
+            deals = evaluate_deals(self.envs, self.policy, self.cfg, episodes)
+            extra |= summarize(deals)
         with session_scope() as s:
             row, run = store.update_row(s, self.run_id, u), store.run_row(s, self.run_id)
+            if deals:
+                store.record_eval_outcomes(s, self.run_id, u, deals)
             extra.update(self.book.figures(s, u))
             merged = {**row.metrics, **extra, **run_info_metrics(run.info, u, self.timings())}
             reason = self.monitor.alarm(s, u, merged)

@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
 from services.controller.recorder import discard_after
+from shared.db.models import EvalOutcome
 from shared.db.session import session_scope
+from shared.seeds import eval_seed
 from tests.e2e.helpers import ROOT, counts, tiny_config
 from tests.services.api.search_checks import check_search
 
@@ -60,6 +62,16 @@ def test_gtr_train_embedded_completes_with_exact_counts(tmp_path, warm_checkpoin
     evals = _update_metrics(f"sqlite:///{db}")
     assert [m["eval/episodes"] for m in evals] == [4.0, 4.0]
     assert all(0.0 <= m["eval/success_rate"] <= 1.0 for m in evals)
+    # Each evaluation's deals are stored one by one (studies resample them), from the
+    # evaluation seed space, and add up to the update's figure.
+    with session_scope(f"sqlite:///{db}") as s:
+        rows = s.scalars(select(EvalOutcome).order_by(EvalOutcome.update_idx, EvalOutcome.deal))
+        deals = [(o.update_idx, o.deal, o.seed, o.success) for o in rows]
+    assert [(u, d, seed) for u, d, seed, _ in deals] == [
+        (u, d, eval_seed(d)) for u in (0, 1) for d in range(4)
+    ]
+    for u, m in enumerate(evals):
+        assert m["eval/success_rate"] == sum(ok for x, _, _, ok in deals if x == u) / 4
     # Step search on what the run wrote: FTS5 kept in step by the recorder's inserts and the
     # corrections' late updates, then by a resume's deletes.
     url = f"sqlite:///{db}"
