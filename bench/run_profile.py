@@ -129,7 +129,7 @@ TARGETS: list[tuple[str, str, str, bool]] = [
     ("services.trainer.service", "Trainer.image", "images", False),
     ("services.trainer.buffer", "DaggerBuffer.refresh", "dagger buffer", False),
     ("services.trainer.checkpoint", "save_checkpoint", "checkpoint", False),
-    ("services.trainer.teacher", "TeacherCache.get", "teacher merge", False),
+    ("services.policy.teacher", "TeacherCache.get", "teacher merge", False),
     ("shared.rollout", "Rollout.to_bytes", "rollout blob", False),
     ("shared.rollout", "Rollout.from_bytes", "rollout blob", False),
 ]
@@ -203,7 +203,7 @@ def child(spec_path: Path) -> None:
         "services.trainer.service",
         "services.trainer.checkpoint",
         "services.trainer.buffer",
-        "services.trainer.teacher",
+        "services.policy.teacher",
         "services.policy.service",
         "services.env.service",
     ):

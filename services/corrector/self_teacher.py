@@ -1,7 +1,7 @@
 """The self-teacher corrector (GTR-Turbo, SFT mode): the run's merged checkpoints write the thought.
 
 ``corrector.backend = "self_teacher"`` (recorded as corrector ``self_teacher``). For each step the
-teacher (``services.trainer.teacher``: the warm start plus the TIES merge of the run's last k
+teacher (``services.policy.teacher``: the warm start plus the TIES merge of the run's last k
 checkpoints, re-merged every m updates) decodes greedily from the agent's own image and prompt.
 Its output is judged like any corrector's answer: it must be a JSON object with the task's
 thought keys (else the correction fails as ``malformed`` and never becomes a target); a thought
@@ -49,7 +49,7 @@ class SelfTeacherCorrector:
     """One run's self-teacher; the merge is rebuilt when the run has new checkpoints."""
 
     def __init__(self, run_id: int, cfg: RunConfig) -> None:
-        from services.trainer.teacher import TeacherCache
+        from services.policy.teacher import TeacherCache
 
         self.run_id, self.task = run_id, cfg.task
         self.max_new_tokens = cfg.teacher.max_new_tokens or cfg.generation.max_new_tokens
@@ -58,7 +58,7 @@ class SelfTeacherCorrector:
 
     def teacher(self) -> tuple[Any, list[int], list[int]]:
         """The current teacher policy, its checkpoint ids and their update indices."""
-        from services.trainer.teacher import run_checkpoints
+        from services.policy.teacher import run_checkpoints
         from shared.db.session import session_scope
 
         with self._lock:

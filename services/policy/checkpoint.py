@@ -25,9 +25,7 @@ def save_policy(policy: Policy, directory: Path) -> Path:
     if policy.lora is not None:
         policy.model.save_pretrained(directory)  # adapter_model.safetensors + adapter_config.json
         if policy.vision_in_checkpoint:
-            vision = {
-                k: p.detach().contiguous().cpu() for k, p in policy._vision_named_parameters()
-            }
+            vision = {k: p.detach().contiguous().cpu() for k, p in policy.vision_named_parameters()}
             save_file(vision, directory / VISION)
     else:
         save_model(policy.model, str(directory / FULL))  # handles tied weights
@@ -89,7 +87,7 @@ def _load_adapter(policy: Policy, directory: Path) -> None:
 
 
 def _load_named(policy: Policy, state: dict[str, torch.Tensor]) -> None:
-    params = dict(policy._vision_named_parameters())
+    params = dict(policy.vision_named_parameters())
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor.to(params[name].dtype))

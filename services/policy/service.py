@@ -483,9 +483,11 @@ class Policy:
     def vision_parameters(self) -> list[nn.Parameter]:
         """Vision tower + projector parameters (for the vision warm-up)."""
         self.vision_in_checkpoint = True
-        return [p for _, p in self._vision_named_parameters()]
+        return [p for _, p in self.vision_named_parameters()]
 
-    def _vision_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+    def vision_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Vision tower + projector parameters by name, as a checkpoint stores them (no side
+        effect, unlike ``vision_parameters``)."""
         inner = self.base_model.model
         names = ("vision_tower", "multi_modal_projector", "visual", "vision_model", "connector")
         return [

@@ -23,9 +23,9 @@ from shared.schemas import RunConfig
 from shared.storage import blob_store
 
 if TYPE_CHECKING:
+    from services.policy.teacher import TeacherCache
     from services.trainer.buffer import DaggerBuffer
     from services.trainer.service import Trainer
-    from services.trainer.teacher import TeacherCache
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def _prepare(session: Session, run_id: int, update_idx: int, state: RunState) ->
     state.buffer.refresh(session)
     if state.config.algorithm != "gtr_turbo_kl":
         return
-    from services.trainer.teacher import TeacherCache, run_checkpoints
+    from services.policy.teacher import TeacherCache, run_checkpoints
 
     if state.teachers is None:
         state.teachers = TeacherCache(state.config.teacher)

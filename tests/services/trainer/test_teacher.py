@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from services.policy.service import Policy
+from services.policy.teacher import build_teacher
 from services.trainer.service import Trainer
-from services.trainer.teacher import build_teacher
 from shared.schemas import TeacherConfig, TrainConfig
 from tests.services.trainer.conftest import put_image, rollout_of
 

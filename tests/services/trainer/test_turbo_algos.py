@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from services.trainer import algos, merging
-from services.trainer.teacher import pick_checkpoints
+from services.policy import merging
+from services.policy.teacher import pick_checkpoints
+from services.trainer import algos
 
 
 def t(x: list) -> torch.Tensor:

@@ -8,7 +8,8 @@ to the agent, the current policy being one of 4); it is re-merged once the newes
 it is the warm start itself. Full fine-tuning merges the state dicts (``merging.ties_merge``);
 LoRA merges the adapters with peft's own ``add_weighted_adapter`` (``teacher.lora_merge``:
 ``ties`` on the A/B factors as GTR-Turbo's code does, or ``ties_svd`` on the deltas B·A).
-The trainer (KL mode) and the corrector worker (SFT mode) both hold one in a ``TeacherCache``.
+The teacher is a policy checkpoint, so it is loaded here beside the policy's checkpoints: the
+trainer (KL mode) and the corrector worker (SFT mode) both hold one in a ``TeacherCache``.
 """
 
 from __future__ import annotations
@@ -57,14 +58,15 @@ def run_checkpoints(
     session: Session, run_id: int, before: int | None = None
 ) -> list[CheckpointRef]:
     """The run's checkpoints (update_idx < ``before`` when given), oldest first."""
-    from services.trainer.checkpoint import checkpoint_path
     from shared.db.models import Checkpoint
+    from shared.storage import checkpoint_store
 
     query = select(Checkpoint).where(Checkpoint.run_id == run_id)
     if before is not None:
         query = query.where(Checkpoint.update_idx < before)
     rows = session.scalars(query.order_by(Checkpoint.update_idx)).all()
-    return [CheckpointRef(r.id, r.update_idx, checkpoint_path(r)) for r in rows]
+    store = checkpoint_store()
+    return [CheckpointRef(r.id, r.update_idx, store.resolve(r.path)) for r in rows]
 
 
 class TeacherCache:
@@ -121,7 +123,7 @@ def _merge_full(policy: Policy, base_dir: Path, dirs: Sequence[Path], cfg: Teach
     from safetensors.torch import load_file
 
     from services.policy.checkpoint import FULL
-    from services.trainer.merging import ties_merge
+    from services.policy.merging import ties_merge
 
     base = load_file(str(base_dir / FULL))
     merged = ties_merge(base, [load_file(str(d / FULL)) for d in dirs], cfg.density, cfg.sign_rule)
