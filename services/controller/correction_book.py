@@ -54,7 +54,13 @@ class CorrectionBook:
 
     def finish(self) -> None:
         if self.sweeper is not None and (n := self.sweeper.finish()):
-            log.warning("run %s: %s corrections never came, recorded failed", self.run_id, n)
+            log.warning("run %s: %s corrections recorded failed or skipped", self.run_id, n)
+
+    def final_status(self, s: Session, status: str, error: str | None) -> tuple[str, str | None]:
+        """A run that went to its end with most of its corrections failed ends ``degraded``."""
+        if not self.correcting:
+            return status, error
+        return CS.final_status(s, self.run_id, self.cfg, status, error)
 
     def figures(self, s: Session, u: int) -> dict[str, float]:
         """Update ``u``'s correction figures; earlier updates whose corrections came late are

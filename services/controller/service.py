@@ -239,6 +239,7 @@ class RunDriver:
     def _end(self, status: str, error: str | None = None) -> str:
         self.book.close(status)
         with session_scope() as s:
+            status, error = self.book.final_status(s, status, error)  # degraded: see why
             run = store.end_run(s, self.run_id, status, error)
             if self.tracking:
                 self.tracking.finish(status, final_summary(s, run))

@@ -1,5 +1,6 @@
-"""A run whose corrector always answers garbage: it completes, and says so loudly, with figures
-recomputed from the corrections as they came in (``wait = "none"``: after their update)."""
+"""A run whose corrector always answers garbage: it goes to its end and ends ``degraded``
+(``gtr train`` exits non-zero after its summary), saying why on every line a user reads, with
+figures recomputed from the corrections as they came in (``wait = "none"``: after their update)."""
 
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ def test_a_run_whose_corrector_always_fails_reports_it(tmp_path, warm_checkpoint
         fake.server.shutdown()
         fake.server.server_close()
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 1, out[-3000:]
     engine = create_engine(f"sqlite:///{tmp_path / 'gtr-data' / 'gtr.sqlite3'}")
     with engine.connect() as conn:
+        run_status, run_error = conn.execute(text("SELECT status, error FROM runs")).one()
         rows = conn.execute(text("SELECT status, error, raw FROM corrections")).all()
         metrics = json.loads(conn.execute(text("SELECT metrics FROM updates")).scalar_one())
         calls = conn.execute(text("SELECT calls FROM corrector_spend")).scalar_one()
@@ -53,3 +55,14 @@ def test_a_run_whose_corrector_always_fails_reports_it(tmp_path, warm_checkpoint
     assert metrics["corrections_done"] == 0 and metrics["corrections_alarm"] == 1.0
     assert f"corrections: 0 done, {n} failed (malformed {n})" in proc.stdout
     assert "most corrections FAILED" in proc.stdout
+    # Stdout is a pipe: the per-update line carries what the terminal's bar shows.
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("update 1/1"))
+    assert f"corrections 0 done, {n} failed (malformed {n})" in line, line
+    assert line.endswith("CORRECTIONS FAILING"), line
+    # The reason of the failures, in the summary; the run is degraded, and says why.
+    assert f"why: malformed: answer is not JSON ({n})" in proc.stdout
+    assert run_status == "degraded" and "run 1: degraded in" in proc.stdout
+    assert run_error == (
+        f"degraded: {n} of {n} requested corrections failed or were skipped (over "
+        f"corrector.degraded_share = 0.5): malformed: answer is not JSON ({n})"
+    )
