@@ -414,10 +414,10 @@ def _curve(
     cell_runs: dict[tuple[str, int], Run],
     curves: dict[int, dict[str, list[tuple[int, float]]]],
 ) -> Curve:
-    per_seed = {
+    per_seed = {  # a failed or cancelled run's partial curve would bend the band
         seed: curves.get(run.id, {}).get(metric, [])
         for (a, seed), run in cell_runs.items()
-        if a == arm
+        if a == arm and run.status in (RUN_DONE, "running", "queued")
     }
     band = st.curve_band({s: c for s, c in per_seed.items() if c})
     return Curve(
