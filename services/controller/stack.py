@@ -223,9 +223,8 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
     if settings.policy_hosts_envs:  # the policy service serves the envs: no env service
         del commands["env"]
     stack = Supervisor(commands, env, logs, policy)
-    stop_on_signals()
-    try:
-        stack.start()
+
+    def ready() -> None:
         # A part that cannot even start (port taken, bad model) fails here rather than loop.
         _wait_healthy("api", f"http://127.0.0.1:{port}", stack.procs["api"])
         _wait_healthy("policy service", urls["policy"], stack.procs["policy"])
@@ -236,6 +235,17 @@ def run_stack(port: int, model: Path | None, policy: RestartPolicy | None = None
             "launch a run: gtr run create configs/numberline-tiny.toml"
             "  (GTR_TOKEN from 'gtr token create me')"
         )
+
+    supervise(stack, ready)
+
+
+def supervise(stack: Supervisor, ready: Callable[[], None]) -> None:
+    """Start the parts, wait until ``ready`` returns, and supervise them until Ctrl-C, SIGTERM,
+    SIGHUP or a crash loop; every part is stopped on the way out, whichever it was."""
+    stop_on_signals()
+    try:
+        stack.start()
+        ready()
         stack.watch()
     except KeyboardInterrupt:
         click.echo("stopping")

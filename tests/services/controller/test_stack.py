@@ -82,3 +82,58 @@ def test_no_restarts_stops_at_the_first_exit(tmp_path: Path) -> None:
             stack.watch(poll_s=0.02)
     finally:
         stack.stop()
+
+
+SUPERVISED = """
+import os, sys
+from pathlib import Path
+from services.controller.stack import Supervisor, supervise
+parts = {f"part{i}": [sys.executable, "-c", "import time; time.sleep(120)"] for i in range(6)}
+supervise(Supervisor(parts, dict(os.environ), Path(sys.argv[1])), lambda: print("up", flush=True))
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_every_part(tmp_path: Path, stop: signal.Signals) -> None:
+    """A service manager's SIGTERM, or a closed terminal's SIGHUP, to `gtr up`'s supervising
+    process (run_stack's own loop, here over six real processes) stops the six with it: none is
+    left running under PID 1 (tests/e2e/test_up.py sends them to a whole `gtr up`)."""
+    import subprocess
+
+    up = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISED, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[3],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert up.stdout is not None and up.stdout.readline().strip() == "up"
+        parts = [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _parent(p) == up.pid
+        ]
+        assert len(parts) == 6
+        up.send_signal(stop)
+        assert up.wait(timeout=30) == 0  # within the parts' grace period (15 s)
+        assert f"stopping ({stop.name})" in up.stdout.read()
+        assert not [pid for pid in parts if _running(pid)]
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child not yet reaped counts as stopped)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
