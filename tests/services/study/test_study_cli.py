@@ -1,0 +1,140 @@
+"""`gtr study run`: a bad study file is one clear message and a non-zero exit; an edited primary
+metric is refused once the study has runs; and the demo study runs to its verdict table on the
+embedded default, its evaluation deals stored from the evaluation seed space."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from services.study import service
+from services.study.schemas import StudyConfig
+from shared.db.models import EvalOutcome, Run, Study
+from shared.db.session import session_scope
+from shared.seeds import eval_seed
+from tests.e2e.helpers import ROOT
+
+DEMO = ROOT / "configs" / "studies" / "demo.toml"
+GOOD = """
+name = "cli-study"
+seeds = [0, 1]
+eval_episodes = 4
+[tasks.numberline]
+config = "{base}"
+[arms.gtr]
+algorithm = "gtr"
+[arms.rl4vlm]
+algorithm = "rl4vlm"
+"""
+
+
+def _gtr(*args: str, env: dict[str, str | None] | None = None, timeout: float = 120) -> Any:
+    """`gtr ARGS` in a process of its own; a None in ``env`` removes that variable."""
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=ROOT,
+        env={k: v for k, v in full.items() if v is not None},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("name = 'x'\nseeds = [0]\n[arms.a]\n", "tasks: Field required"),
+        (
+            "name = 'x'\nseeds = [-1]\n[tasks.t]\nbase = {task = 'numberline'}\n[arms.a]\n",
+            "seed -1",
+        ),
+        ("name = 'x'\nseeds = [0]\n[tasks.t]\nconfig = 'nowhere.toml'\n[arms.a]\n", "cannot read"),
+        (
+            "name = 'x'\nseeds = [0]\n[tasks.t]\nbase = {task = 'numberline'}\n"
+            "[arms.a]\ntrain = {lr = 'fast'}\n",
+            "task 't', arm 'a', seed 0: train.lr",
+        ),
+        ("name = 'x'\nseeds = [0\n", "is not valid TOML"),
+    ],
+)
+def test_a_bad_study_file_is_one_message_and_a_non_zero_exit(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    out = _gtr("study", "run", str(bad), env={"GTR_DATA_DIR": str(tmp_path / "data")})
+    assert out.returncode != 0
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "data" / "studies").exists()  # nothing ran
+    missing = _gtr("study", "run", str(tmp_path / "none.toml"))
+    assert missing.returncode != 0 and "study file not found" in missing.stderr
+
+
+def test_an_edited_primary_metric_is_refused_once_the_study_has_runs(
+    pg_url: str, tmp_path: Path
+) -> None:
+    base = ROOT / "configs" / "numberline-tiny.toml"
+    path = tmp_path / "study.toml"
+    path.write_text(GOOD.format(base=base))
+    cfg = StudyConfig.from_toml(path)
+    with session_scope() as s:  # the study as `gtr study run` leaves it: created, runs queued
+        study = service.create_study(s, cfg, "default")
+        queued = service.advance(s, study)
+        study_id = study.id
+    assert queued
+    try:
+        edited = "primary = { metric = 'eval/success_rate', reduce = 'last_k_mean', k = 2 }\n"
+        path.write_text(edited + GOOD.format(base=base))
+        out = _gtr("study", "run", str(path))
+        assert out.returncode == 1 and "Traceback" not in out.stderr
+        assert f"study {study_id} ('cli-study') has runs" in out.stderr
+        assert "eval/success_rate (final); it cannot become" in out.stderr
+        assert "eval/success_rate (mean of last 2)" in out.stderr
+        with session_scope() as s:
+            row = s.get(Study, study_id)
+            assert row is not None and row.spec["primary"]["reduce"] == "final"
+    finally:
+        with session_scope() as s:
+            s.execute(update(Study).where(Study.id == study_id).values(status="cancelled"))
+            s.execute(update(Run).where(Run.study_id == study_id).values(status="cancelled"))
+
+
+@pytest.mark.slow
+def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    env = {
+        "GTR_DATA_DIR": str(tmp_path / "data"),
+        "GTR_MODEL_DIR": str(default_model_dir.parent),  # the session's tiny model, not a new one
+        "GTR_DATABASE_URL": None,  # the embedded default: SQLite, every part in process
+        "GTR_REDIS_URL": None,
+    }
+    out = _gtr("study", "run", str(DEMO), "--jobs", "2", env=env, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "study 1: demo (new), 4 runs" in out.stdout and "study 1 done" in out.stdout
+    assert "not decided" in out.stdout  # 2 seeds decide nothing: the table says so
+    url = f"sqlite:///{tmp_path / 'data' / 'gtr.sqlite3'}"
+    with session_scope(url) as s:
+        runs = sorted(s.scalars(select(Run)).all(), key=lambda r: (r.study_seed, r.study_arm))
+        assert [(r.study_arm, r.study_seed, r.status) for r in runs] == [
+            ("gtr", 0, "completed"),
+            ("rl4vlm", 0, "completed"),
+            ("gtr", 1, "completed"),
+            ("rl4vlm", 1, "completed"),
+        ]
+        # One warm start per seed: rl4vlm waited for gtr's and reused it.
+        reused = [bool(r.info["warm_start"]["reused"]) for r in runs]
+        assert reused == [False, True, False, True]
+        outcomes = s.scalars(select(EvalOutcome)).all()
+    # 8 deals after each of the 3 updates of each run, dealt from the evaluation seed space.
+    assert len(outcomes) == 4 * 3 * 8
+    assert {(o.deal, o.seed) for o in outcomes} == {(d, eval_seed(d)) for d in range(8)}
+    again = _gtr("study", "run", str(DEMO), env=env, timeout=300)  # resumes: nothing to rerun
+    assert again.returncode == 0 and "started" not in again.stdout, again.stdout
