@@ -34,11 +34,14 @@ class TinyStudy:
 
 def run_tiny_study(team: str, seeds: tuple[int, ...] = (1, 2)) -> TinyStudy:
     """Two arms (GTR, RL4VLM) x `seeds` on NumberLine: the session's default tiny model, no
-    warm start (a few seconds a run on a loaded host), 1 update of 2 envs x 4 steps, evaluated on
-    4 deals after it; the probe collapse metrics are recorded too."""
+    warm start, episodes of at most 3 steps, 1 update of 2 envs x 4 steps, evaluated on 4 deals
+    after it; the probe collapse metrics (2 probe states) are recorded too."""
     base = tiny_run(Path("unused"), envs=2, steps=4, updates=1)
     base["init"] = {"kind": "none"}
-    base["metrics"] = {**base.get("metrics", {}), "eval_every": 1}
+    # Episodes of an untrained policy run to truncation: 3 steps keep its evaluation short.
+    base["env"] = {**base.get("env", {}), "max_episode_steps": 3}
+    base["generation"] = {**base.get("generation", {}), "max_new_tokens": 24}
+    base["metrics"] = {**base.get("metrics", {}), "eval_every": 1, "probe_states": 2}
     cfg = StudyConfig.model_validate(
         {
             "name": f"{HOSTILE_STUDY} {team}",

@@ -32,7 +32,7 @@
     });
     const opts = {
       title, width: box.clientWidth || 420, height: HEIGHT, series, bands,
-      scales: {x: {time: false}, y: unit ? {range: [0, 1]} : {}},
+      scales: {x: {time: false, range: (u, lo, hi) => (lo === hi ? [lo - 1, hi + 1] : [lo, hi])}, y: unit ? {range: [0, 1]} : {}},  // one update: a narrow axis
       axes: [{label: 'update', size: 36, labelSize: 14}, {size: 54, values: (u, splits) => splits.map(tick)}],
     };
     return new uPlot(opts, aligned(curves), box);
