@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "run": "services.controller.cli:run",
     "train": "services.controller.cli:train",
     "up": "services.controller.cli:up",
-    "controller": "services.controller.cli:controller",
+    "controller": "services.study.cli:controller",  # the controller loop, advancing studies
     "worker": "services.controller.cli:worker",
     "env": "services.env.cli:env",
     "alfworld": "services.env.alfworld.cli:alfworld",

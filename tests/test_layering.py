@@ -149,3 +149,77 @@ def test_the_light_services_start_without_torch() -> None:
                     seen.add(name)
                     todo.append(name)
     assert found == {}
+
+
+# The layers, lowest first: a module imports its own package and the layers below it, never one
+# above nor a sibling of its own layer (the trainer and the corrector know nothing of each other).
+LAYERS = (
+    ("shared",),
+    ("services.env",),
+    ("services.policy",),
+    ("services.trainer", "services.corrector"),
+    ("services.controller",),
+    ("services.study",),
+    ("services.api",),
+    ("services.cli", "services"),
+)
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer index, package) of a module: the longest package of ``LAYERS`` it belongs to."""
+    best = (-1, "")
+    for i, packages in enumerate(LAYERS):
+        for p in packages:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best[1]):
+                best = (i, p)
+    assert best[0] >= 0, f"{module} is in no layer: add its package to LAYERS"
+    return best
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a package from a higher layer or a sibling of its own, as "a -> b"."""
+    out = []
+    for a, names in graph.items():
+        (la, pa) = _layer(a)
+        for b in names:
+            (lb, pb) = _layer(b)
+            if pb != pa and lb >= la:
+                out.append(f"{a} -> {b}")
+    return sorted(out)
+
+
+def test_the_checker_finds_an_upward_import() -> None:
+    graph = {
+        "shared.x": {"services.api.app"},  # the core reaching into a service
+        "services.corrector.a": {"services.trainer.b", "services.env.c", "shared.x"},
+        "services.api.app": {"services.controller.cli"},
+        "services.controller.cli": set(),
+    }
+    assert upward(graph) == [
+        "services.corrector.a -> services.trainer.b",
+        "shared.x -> services.api.app",
+    ]
+
+
+def test_no_module_imports_one_above_it() -> None:
+    """Also imports inside functions: they run too, later."""
+    assert upward(_graph()) == []
+
+
+MAX_SERVICE_LINES = 300  # the run driver reads as the stages of an update, in a page
+MAX_CLASS_LINES = 350
+
+
+def test_the_run_driver_and_every_class_stay_small() -> None:
+    """``services/controller/service.py`` ≤ 300 lines; no class in ``services/`` over 350: a
+    class past that holds more than one concern (split it into collaborators)."""
+    driver = ROOT / "services/controller/service.py"
+    assert len(driver.read_text().splitlines()) <= MAX_SERVICE_LINES
+    big = []
+    for path in ROOT.glob("services/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_CLASS_LINES:
+                    big.append(f"{path.relative_to(ROOT)}::{node.name} ({n} lines)")
+    assert big == []

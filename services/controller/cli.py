@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +17,9 @@ from services.controller.console import (
     progress_printer,
     success_cell,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 @click.command()
@@ -60,28 +64,35 @@ def train(config: Path, name: str | None, updates: int | None, seed: int | None)
         sys.exit(1)
 
 
-@click.command()
-@click.option(
-    "--poll",
-    default=2.0,
-    show_default=True,
-    type=click.FloatRange(0.1, 60),
-    help="Seconds between polls.",
-)
-@click.option(
-    "--stale-after",
-    default=60.0,
-    show_default=True,
-    type=click.FloatRange(5, 3600),
-    help="Resume a running run whose heartbeat is older than this.",
-)
-def controller(poll: float, stale_after: float) -> None:
-    """Drive queued runs (and resume orphaned ones) through the services."""
-    from services.controller.loop import serve_forever
-    from shared.logs import setup_logging
+def controller_command(each_poll: Callable[[Session], object] | None = None) -> click.Command:
+    """``gtr controller``; ``each_poll`` runs in a transaction before each claim (the layer above
+    passes the studies' scheduler: services/study/cli.py)."""
 
-    setup_logging()
-    serve_forever(poll_s=poll, stale_after_s=stale_after)
+    @click.command("controller")
+    @click.option(
+        "--poll",
+        default=2.0,
+        show_default=True,
+        type=click.FloatRange(0.1, 60),
+        help="Seconds between polls.",
+    )
+    @click.option(
+        "--stale-after",
+        default=60.0,
+        show_default=True,
+        type=click.FloatRange(5, 3600),
+        help="Resume a running run whose heartbeat is older than this.",
+    )
+    def controller(poll: float, stale_after: float) -> None:
+        """Drive queued runs (and resume orphaned ones) through the services, and queue each
+        study's next runs."""
+        from services.controller.loop import serve_forever
+        from shared.logs import setup_logging
+
+        setup_logging()
+        serve_forever(poll_s=poll, stale_after_s=stale_after, each_poll=each_poll)
+
+    return controller
 
 
 @click.command()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,6 @@ from services.controller.backends import (
     ThreadCorrections,
 )
 from services.controller.service import RunDriver
-from services.study.service import advance_all
 from shared.db.models import Run, utcnow
 from shared.db.session import session_scope
 from shared.logs import run_context, tag_clients
@@ -27,6 +27,8 @@ from shared.schemas import RunConfig
 from shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from services.controller.backends import Envs
     from services.policy.protocol import RolloutPolicy
 
@@ -187,13 +189,20 @@ def drive(run_id: int, settings: Settings | None = None, on_progress: Any = None
         return driver.run()
 
 
-def serve_forever(poll_s: float = 2.0, stale_after_s: float = 60.0, once: bool = False) -> None:
+def serve_forever(
+    poll_s: float = 2.0,
+    stale_after_s: float = 60.0,
+    once: bool = False,
+    each_poll: Callable[[Session], object] | None = None,
+) -> None:
+    """Claim and drive runs until killed; ``each_poll`` (the studies' scheduler, which queues
+    their next runs) runs in its own transaction before each claim."""
     log.info("controller up: polling for runs every %.1fs", poll_s)
     while True:
         try:
-            with session_scope() as s:
-                # Studies: their next runs join the queue, up to each study's concurrency.
-                advance_all(s)
+            if each_poll is not None:
+                with session_scope() as s:
+                    each_poll(s)
             run_id = claim_next(stale_after_s)
             if run_id is not None:
                 log.info("driving run %s", run_id)

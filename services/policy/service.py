@@ -53,8 +53,8 @@ Interface (stable; the trainer and controller code against it):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -70,7 +70,6 @@ from services.policy.checkpoint import (
 )
 from services.policy.heads import GeneratedRepetitionPenalty, image_token_id, make_value_head
 from services.policy.loading import (
-    QWEN_TYPES,
     add_lora,
     language_model,
     load_processor,
@@ -82,6 +81,13 @@ from services.policy.loading import (
 from services.policy.protocol import ImageLike
 from services.policy.sampling import sampling_processors
 from services.policy.schemas import Generation
+from services.policy.scoring import (
+    generation_of,
+    last_hidden,
+    pad_responses,
+    token_stats,
+    with_response,
+)
 from services.policy.spans import token_spans
 from services.policy.transposed_linears import TransposedLinears
 
@@ -307,7 +313,8 @@ class Policy:
                 torch.manual_seed(seed)
             linears = self.transposed_linears
             fast = linears.active() if linears is not None else nullcontext()
-            with fast, self._last_hidden(-1, inputs["input_ids"]) as hidden:  # prefill's last
+            # The value reads the hidden state at the prefill's last position (-1).
+            with fast, last_hidden(self._final_norm, -1, self._image_mask(inputs)) as hidden:
                 out = self.model.generate(
                     **inputs,
                     generation_config=gcfg,
@@ -316,10 +323,11 @@ class Policy:
                 )
             values = self._value(*hidden[0])
             logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw
-            logp, ent = self._token_stats(logits, out.sequences[:, prompt_len:], temperature)
+            new = out.sequences[:, prompt_len:]
+            logp, ent = token_stats(logits, new, temperature, self.suppress_ids)
         return [
-            self._generation(row, logp[i], ent[i], float(values[i]))
-            for i, row in enumerate(out.sequences[:, prompt_len:].tolist())
+            generation_of(self.tokenizer, self.eos_id, row, logp[i], ent[i], float(values[i]))
+            for i, row in enumerate(new.tolist())
         ]
 
     def _cache_kwargs(self) -> dict[str, Any]:
@@ -340,24 +348,6 @@ class Policy:
         head = base.get_output_embeddings()
         return mods + [head] if isinstance(head, nn.Linear) else mods
 
-    def _generation(
-        self, row: list[int], logp: torch.Tensor, ent: torch.Tensor, value: float
-    ) -> Generation:
-        n = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
-        ids = row[:n]
-        thought, action, has_action = token_spans(self.tokenizer, ids, self.eos_id)
-        return Generation(
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            token_ids=ids,
-            logprobs=logp[:n].tolist(),
-            value=value,
-            thought_mask=thought,
-            action_mask=action,
-            entropy=ent[:n].tolist(),
-            has_action=has_action,
-            finished=bool(ids) and ids[-1] == self.eos_id,
-        )
-
     def score(
         self,
         images: Sequence[ImageLike],
@@ -373,16 +363,17 @@ class Policy:
         with self._lock:
             inputs = self._inputs(images, prompts)
             prompt_len = inputs["input_ids"].shape[1]
-            resp, mask = self._pad_responses(response_ids)
-            full = self._with_response(inputs, resp, mask)
+            resp, mask = pad_responses(response_ids, self.pad_id, self.device)
+            full = with_response(inputs, resp, mask, self.model_type)
             grad = torch.enable_grad() if with_grad else torch.no_grad()
             self.model.train(with_grad)
             try:
-                with grad, self._last_hidden(prompt_len - 1, inputs["input_ids"]) as hidden:
+                at = prompt_len - 1
+                with grad, last_hidden(self._final_norm, at, self._image_mask(inputs)) as hidden:
                     out = self.model(**full, use_cache=False, logits_to_keep=resp.shape[1] + 1)
                     values = self._value(*hidden[0])
                     logits = out.logits[:, :-1].float()  # position P-1+t predicts token t
-                    logp, ent = self._token_stats(logits, resp, temperature)
+                    logp, ent = token_stats(logits, resp, temperature, self.suppress_ids)
             finally:
                 self.model.eval()
         maskf = mask.to(logp.dtype)
@@ -392,73 +383,11 @@ class Policy:
         logp, ent = torch.where(real, logp, zero), torch.where(real, ent, zero)
         return ScoreOutput(logprobs=logp, entropy=ent, values=values, mask=maskf)
 
-    def _pad_responses(
-        self, response_ids: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        t = max(1, max(len(r) for r in response_ids))
-        resp = torch.full((len(response_ids), t), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(response_ids), t), dtype=torch.long)
-        for i, r in enumerate(response_ids):
-            resp[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, : len(r)] = 1
-        return resp.to(self.device), mask.to(self.device)
-
-    def _with_response(
-        self, inputs: dict[str, Any], resp: torch.Tensor, mask: torch.Tensor
-    ) -> dict[str, Any]:
-        full = dict(inputs)
-        full["input_ids"] = torch.cat([inputs["input_ids"], resp], dim=1)
-        attn = torch.cat([inputs["attention_mask"], mask], dim=1)
-        full["attention_mask"] = attn
-        for key in ("mm_token_type_ids", "token_type_ids"):  # zero over the response (Qwen2-VL)
-            if key in inputs:
-                full[key] = torch.cat([inputs[key], torch.zeros_like(resp)], dim=1)
-        if self.model_type not in QWEN_TYPES:  # Qwen computes its 3-D rope positions itself
-            full["position_ids"] = (attn.cumsum(-1) - 1).clamp(min=0)
-        return full
-
-    def _token_stats(
-        self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-prob of `tokens` and entropy under softmax(logits/T) over the allowed tokens."""
-        logits = logits / temperature
-        if self.suppress_ids:
-            logits = logits.index_fill(
-                -1, torch.tensor(self.suppress_ids, device=logits.device), float("-inf")
-            )
-        logp_all = torch.log_softmax(logits, dim=-1)  # (B, T, V)
-        logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        p = logp_all.exp()
-        ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)
-        return logp, ent
-
-    @contextmanager
-    def _last_hidden(
-        self, position: int, prompt_ids: torch.Tensor
-    ) -> Iterator[list[tuple[torch.Tensor, torch.Tensor | None]]]:
-        """Capture the LM's last-layer hidden state (final norm output) at `position`, first call,
-        and, for the image-reading value head, its mean over the prompt's image tokens.
-
-        A hook instead of `output_hidden_states`, which would keep every layer of the prompt.
-        """
-        captured: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        image = None
-        if self.value_kind == "mlp+image":
-            image = (prompt_ids == self._image_token).unsqueeze(-1)  # (B, P, 1)
-
-        def hook(_m: nn.Module, _i: Any, output: torch.Tensor) -> None:
-            if not captured:
-                pooled = None
-                if image is not None:  # mean over image positions: Σ h·m / Σ m
-                    m = image.to(output.dtype)
-                    pooled = (output[:, : m.shape[1]] * m).sum(1) / m.sum(1).clamp(min=1.0)
-                captured.append((output[:, position], pooled))
-
-        handle = self._final_norm.register_forward_hook(hook)
-        try:
-            yield captured
-        finally:
-            handle.remove()
+    def _image_mask(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """The prompt's image tokens (B, P, 1), for the image-reading value head; else None."""
+        if self.value_kind != "mlp+image":
+            return None
+        return (inputs["input_ids"] == self._image_token).unsqueeze(-1)
 
     def _value(self, hidden: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         x = hidden if image is None else torch.cat([hidden, image], dim=-1)  # (B, d) or (B, 2d)

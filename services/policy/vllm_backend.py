@@ -17,6 +17,7 @@ from services.policy.checkpoint import read_checkpoint_meta
 from services.policy.loading import to_pil
 from services.policy.protocol import ImageLike
 from services.policy.schemas import Generation
+from services.policy.scoring import generation_of
 from services.policy.service import Policy, ScoreOutput, policy_for_checkpoint
 
 if TYPE_CHECKING:
@@ -170,8 +171,13 @@ class VllmPolicy:
         ids = [list(o.outputs[0].token_ids) for o in outs]
         scored = self.policy.score(images, prompts, ids, temperature=temperature)
         return [
-            self.policy._generation(
-                r, scored.logprobs[i], scored.entropy[i], float(scored.values[i])
+            generation_of(
+                self.policy.tokenizer,
+                self.policy.eos_id,
+                r,
+                scored.logprobs[i],
+                scored.entropy[i],
+                float(scored.values[i]),
             )
             for i, r in enumerate(ids)
         ]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from pydantic import ValidationError
 
-from services.controller.cli import _call, _client, _with_api
+from services.controller.cli import _call, _client, _with_api, controller_command
 
 if TYPE_CHECKING:
     from services.study.schemas import StudyConfig
@@ -40,6 +40,16 @@ def load_study(path: Path) -> StudyConfig:
 
 def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
+
+
+def _advance_studies(session: Any) -> int:
+    from services.study.service import advance_all
+
+    return advance_all(session)
+
+
+# `gtr controller`: the controller loop, which also queues each study's next runs every poll.
+controller = controller_command(each_poll=_advance_studies)
 
 
 @click.group()

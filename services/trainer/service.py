@@ -61,6 +61,22 @@ def blob_image_loader() -> ImageLoader:
     return lambda sha: Image.open(io.BytesIO(store.get(sha))).convert("RGB")
 
 
+def cached_images(load: ImageLoader, capacity: int = 4096) -> Callable[[str | None], Any]:
+    """The observation image of a blob sha (None for none), cached up to ``capacity`` images."""
+    cache: dict[str, Any] = {}
+
+    def image(sha: str | None) -> Any:
+        if not sha:
+            return None
+        if sha not in cache:
+            if len(cache) > capacity:
+                cache.clear()
+            cache[sha] = load(sha)
+        return cache[sha]
+
+    return image
+
+
 def make_scheduler(
     optimizer: torch.optim.Optimizer, cfg: TrainConfig
 ) -> torch.optim.lr_scheduler.LRScheduler:
@@ -115,7 +131,7 @@ class Trainer:
         self.torch_gen = torch.Generator().manual_seed(seed)
         self.device = torch.device(getattr(policy, "device", "cpu"))
         self.image_loader = image_loader or blob_image_loader()
-        self._images: dict[str, Any] = {}
+        self.image = cached_images(self.image_loader)  # images repeat across epochs
         self._targets: dict[int, tuple[list[int], list[int]]] = {}
         self.reward_terms: dict[str, float] = {}  # the extra reward terms of the last update
         self.grouped = algorithm in GROUP_ALGORITHMS
@@ -391,16 +407,6 @@ class Trainer:
         return buffer.sample(n, self.rng), 1.0
 
     # ---- helpers -----------------------------------------------------------------------------
-
-    def image(self, sha: str | None) -> Any:
-        """The observation image of a blob sha, cached (images repeat across epochs)."""
-        if not sha:
-            return None
-        if sha not in self._images:
-            if len(self._images) > 4096:
-                self._images.clear()
-            self._images[sha] = self.image_loader(sha)
-        return self._images[sha]
 
     def encode_target(self, ex: SftExample) -> tuple[list[int], list[int]]:
         """Token ids of an SFT target and its 0/1 supervision mask (0 = overlaps the action)."""
