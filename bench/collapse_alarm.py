@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -22,12 +23,24 @@ import time
 import tomllib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce import CONFIGS, child_env, to_toml  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from shared.toml import dumps as to_toml  # noqa: E402
 
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "repro"
 GTR = shutil.which("gtr") or str(Path(sys.executable).with_name("gtr"))  # the active venv's
 
 COLUMNS = ("probe_relevance", "probe_top_thought_share", "probe_expected_top_share")
+
+
+def child_env(data_dir: Path, models: Path) -> dict[str, str]:
+    """Embedded mode in a private data folder, one torch thread."""
+    drop = ("GTR_DATABASE_URL", "GTR_REDIS_URL", "GTR_BLOB_DIR", "GTR_CHECKPOINT_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in drop and "SERVICE_URL" not in k}
+    return env | {
+        "GTR_DATA_DIR": str(data_dir),
+        "GTR_MODEL_DIR": str(models),
+        "GTR_TORCH_THREADS": "1",
+    }
 
 
 def warm_start(out: Path) -> Path:
