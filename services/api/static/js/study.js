@@ -30,12 +30,14 @@
       series.push({label: `${c.arm} · 95 % low`, stroke: rgba(color, 0.35), width: 1, spanGaps: true, points: {show: false}});
       bands.push({series: [base + 1, base + 2], fill: rgba(color, 0.15)});
     });
+    const data = aligned(curves), xs = data[0];
+    const x = xs.length === 1 ? {time: false, range: [xs[0] - 1, xs[0] + 1]} : {time: false};  // one update: a narrow axis
     const opts = {
       title, width: box.clientWidth || 420, height: HEIGHT, series, bands,
-      scales: {x: {time: false, range: (u, lo, hi) => (lo === hi ? [lo - 1, hi + 1] : [lo, hi])}, y: unit ? {range: [0, 1]} : {}},  // one update: a narrow axis
+      scales: {x, y: unit ? {range: [0, 1]} : {}},
       axes: [{label: 'update', size: 36, labelSize: 14}, {size: 54, values: (u, splits) => splits.map(tick)}],
     };
-    return new uPlot(opts, aligned(curves), box);
+    return new uPlot(opts, data, box);
   }
 
   document.querySelectorAll('.study-charts').forEach((root) => {
