@@ -138,6 +138,9 @@ gtr.charts = {
     const x = {time: false};
     if (intX) {
       x.range = (u, min, max) => {
+        // From the data: uPlot has already widened a lone value's range to 0-100 by now.
+        const xs = (u.data[0] || []).filter(v => v !== null && v !== undefined);
+        if (xs.length) { min = Math.min(...xs); max = Math.max(...xs); }
         const r = min === max ? [min - 0.5, max + 0.5] : [min, max];
         box.dataset.xRange = r.join(' ');  // what the axis spans, for a reader (and a test)
         return r;
