@@ -87,7 +87,8 @@ def test_every_fidelity_option_trains_end_to_end(tmp_path, warm_checkpoint) -> N
     assert [u["sft_coef"] for u in updates] == pytest.approx([1.0, 0.5])
     assert ckpt is not None
     # The fallible oracle's answers, each marked against the exact judge; the update's
-    # corrector/accuracy is their mean (a third of its answers err: below 1).
+    # corrector/accuracy is their mean (update 0 has some; a later update's policy may write
+    # no well-formed output, hence no correction and no figure).
     assert config["corrector"]["errors"]["choice"] == 0.3
     for idx, u in enumerate(updates):
         got = [
@@ -95,4 +96,7 @@ def test_every_fidelity_option_trains_end_to_end(tmp_path, warm_checkpoint) -> N
             for i, e in marks
             if i == idx
         ]
-        assert got and u["corrector/accuracy"] == pytest.approx(sum(got) / len(got))
+        if got:
+            assert u["corrector/accuracy"] == pytest.approx(sum(got) / len(got))
+        else:
+            assert idx > 0 and "corrector/accuracy" not in u
