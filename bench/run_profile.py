@@ -64,7 +64,7 @@ def _timed(fn: Callable[..., Any], stage: str, phase: bool) -> Callable[..., Any
     def wrapper(*args: Any, **kw: Any) -> Any:
         stack = _stack()
         ph = stage if phase else (stack[-1][0] if stack else "(unphased)")
-        if phase:
+        if phase and not (stack and stack[-1][0] == stage):  # not a phase's call of its own kind
             with _lock:
                 CALLS[stage] = CALLS.get(stage, 0) + 1
         frame = [ph, stage, 0.0]  # phase, stage, CPU of nested stages
@@ -107,6 +107,7 @@ TARGETS: list[tuple[str, str, str, bool]] = [
     ("services.controller.service", "RunDriver._probe", "probe", True),
     ("services.controller.monitor", "CollapseMonitor.probe", "probe", True),
     ("services.controller.evaluate", "evaluate", "eval", True),
+    ("services.controller.evaluate", "evaluate_deals", "eval", True),
     ("services.controller.service", "RunDriver._parse", "parse", False),
     ("services.controller.monitor", "CollapseMonitor._parse", "parse", False),
     ("services.controller.tracking", "Trackers.log", "trackers", False),

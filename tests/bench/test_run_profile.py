@@ -52,3 +52,10 @@ def test_a_short_run_scales_to_sixty_updates_by_calls() -> None:
     scale = rp.full_run_scale(prof)
     # updates 1, 5, 10, ..., 60: 13 evaluations; a probe per update and one before the first
     assert scale["eval"] == 13 / 2 and scale["probe"] == 61 / 3 and scale["train"] == 30
+
+
+def test_a_phase_calling_its_own_kind_counts_once() -> None:
+    rp = _bench()
+    inner = rp._timed(lambda: _burn(0.01), "eval", True)  # evaluate() calling evaluate_deals()
+    rp._timed(lambda: inner(), "eval", True)()
+    assert rp.CALLS == {"eval": 1} and set(rp.TOTALS) == {("eval", "eval")}
