@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, update
 
 from services.study import service
+from services.study.report import build_report
 from services.study.schemas import StudyConfig
 from shared.db.models import EvalOutcome, Run, Study
 from shared.db.session import session_scope
@@ -119,9 +120,12 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
     out = _gtr("study", "run", str(DEMO), "--jobs", "2", env=env, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "study 1: demo (new), 4 runs" in out.stdout and "study 1 done" in out.stdout
-    assert "not decided" in out.stdout  # 2 seeds decide nothing: the table says so
+    assert "eval/success_rate (final)" in out.stdout  # the verdict table
     url = f"sqlite:///{tmp_path / 'data' / 'gtr.sqlite3'}"
     with session_scope(url) as s:
+        (group,) = build_report(s, 1).groups
+        # 2 seeds decide nothing (the smallest sign-flip p is 0.5): the verdict says so.
+        assert [c.verdict for c in group.primary.comparisons] == ["not decided at 2 seeds"]
         runs = sorted(s.scalars(select(Run)).all(), key=lambda r: (r.study_seed, r.study_arm))
         assert [(r.study_arm, r.study_seed, r.status) for r in runs] == [
             ("gtr", 0, "completed"),
