@@ -336,9 +336,9 @@ def test_episodes_newest_first_and_stepless_ones(page, base_url: str, watched: W
     # after its env began it) is listed without a link, and its address says why.
     with session_scope() as s:
         lengths = dict(
-            s.execute(
-                select(Episode.id, Episode.length).where(Episode.run_id == watched.run_id)
-            ).tuples()
+            s.execute(select(Episode.id, Episode.length).where(Episode.run_id == watched.run_id))
+            .tuples()
+            .all()
         )
     for episode_id, length in lengths.items():
         row = page.locator(
