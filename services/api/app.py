@@ -15,8 +15,8 @@ from services.api.middleware import RateLimit, SecurityHeaders
 from services.api.prom import api_registry
 from services.api.routes import routers
 from services.api.service import Conflict, Invalid, NotFound
-from shared.body_limit import BodyLimit
 from shared.allow import AllowEveryMethod
+from shared.body_limit import BodyLimit
 from shared.observe import install as install_metrics
 from shared.service_auth import document_errors, validation_detail
 from shared.settings import Settings, get_settings
