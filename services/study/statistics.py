@@ -192,6 +192,8 @@ def sign_flip_p(diffs: Values, max_exact: int = MAX_EXACT_PATTERNS) -> tuple[flo
     arr = _clean(diffs)
     if arr.size == 0:
         raise ValueError("a sign-flip test needs at least one difference")
+    if arr.size == 1:  # both patterns (d, -d) reach |d|; scipy wants two observations
+        return 1.0, True
     exact = 2**arr.size <= max_exact
     res = stats.permutation_test(
         (arr,),
@@ -285,7 +287,7 @@ def compare_paired(
         elif interval.high < 0:
             winner = names[1] if higher_is_better else names[0]
     if winner is None:
-        verdict = f"not decided at {len(seeds)} seeds"
+        verdict = f"not decided at {len(seeds)} seed{'' if len(seeds) == 1 else 's'}"
     else:
         loser = names[1] if winner == names[0] else names[0]
         verdict = f"{winner} > {loser}"

@@ -268,3 +268,11 @@ def test_many_seeds_sample_the_sign_patterns() -> None:
     assert not exact
     t = stats.ttest_1samp(diffs, 0.0).pvalue  # the t-test approximates it at 20 seeds
     assert p == pytest.approx(t, abs=0.03)
+
+
+def test_one_shared_seed_is_compared_not_decided() -> None:
+    """A study in progress with one seed done in both arms: p is 1 (d and -d reach |d|)."""
+    assert sign_flip_p([0.25]) == (1.0, True)
+    c = compare_paired({1: 0.75, 2: 0.5}, {1: 0.5}, names=("gtr", "rl4vlm"))
+    assert c.seeds == [1] and c.p_value == 1.0
+    assert c.verdict == "not decided at 1 seed" and c.winner is None

@@ -117,7 +117,8 @@ def test_gtr_study_create_runs_through_the_controllers_and_survives_a_killed_con
 
     def finished() -> dict | None:
         r = httpx.get(f"{stack.urls['api']}/api/studies/{study_id}", headers=headers, timeout=30)
-        assert r.status_code == 200, r.text  # the report of a study in progress, too
+        # the report of a study in progress, too
+        assert r.status_code == 200, f"{r.text}\n{stack.tails(('api',))}"
         body = r.json()
         return body if body["status"] in ("done", "failed", "cancelled") else None
 
