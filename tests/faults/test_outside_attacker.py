@@ -11,6 +11,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -353,7 +354,8 @@ def test_a_search_past_the_end_counts_what_it_found(api: dict, real_run: RealRun
             .where(models.Step.run_id == real_run.run_id, models.Step.thought.is_not(None))
             .limit(1)
         )
-    word = max(str(thought).split(), key=len).strip('".,:{}')
+    values = re.sub(r'"[^"]*"\s*:', " ", str(thought))  # the search leaves JSON keys out
+    word = max(re.findall(r"[A-Za-z]{4,}", values), key=len)
     url = f"{api['url']}/api/runs/{real_run.run_id}/steps"
     auth = {"Authorization": f"Bearer {real_run.read_token}"}
     found = httpx.get(url, params={"q": word, "limit": 500}, headers=auth).json()

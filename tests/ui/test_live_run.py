@@ -218,7 +218,8 @@ def test_open_page_converges_to_a_reload(watched: Watched) -> None:
     assert live["notices"] == []  # no cancel pending, no "queued again" after the end
     # The page followed the phases as they came.
     seen = " | ".join(watched.page_phases)
-    assert "queued" in seen and "warm start" in seen and "rollout" in seen
+    # A phase shorter than the page's poll may go unseen (a rollout of 8 steps): not asserted.
+    assert "queued" in seen and "warm start" in seen and "training" in seen
     assert not watched.js_errors
 
 
@@ -341,6 +342,8 @@ def test_episodes_newest_first_and_stepless_ones(page, base_url: str, watched: W
             .all()
         )
     for episode_id, length in lengths.items():
+        if episode_id not in ids:  # the page lists the newest; older ones are on later pages
+            continue
         row = page.locator(
             "table.episodes tbody tr", has=page.locator(f"td:text-is('{episode_id}')")
         )

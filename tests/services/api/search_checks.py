@@ -29,8 +29,18 @@ STOP = {"about", "after", "again", "against", "before", "being", "below", "betwe
         "those", "through", "under", "until", "where", "which", "while", "would"}  # fmt: skip
 
 
+# A stored thought is JSON: its keys ("target number") are the task's format, which the search
+# leaves out on PostgreSQL (services/api/search.py JSON_KEY); the words of its values are found.
+JSON_KEY = re.compile(r'"(?:[^"\\]|\\.)*"\s*:')
+
+
 def words(text: str | None) -> set[str]:
-    return set(re.findall(r"[^\W_]+", (text or "").lower()))
+    return set(re.findall(r"[^\W_]+", JSON_KEY.sub(" ", text or "").lower()))
+
+
+def key_words(text: str | None) -> set[str]:
+    """Words of the JSON keys: never probes (SQLite's FTS5 index still holds them)."""
+    return set(re.findall(r"[^\W_]+", " ".join(JSON_KEY.findall(text or "")).lower()))
 
 
 def check_search(url: str, run_id: int) -> None:
@@ -101,7 +111,10 @@ def _check(url: str, run_id: int) -> None:
             return all(any(t.startswith(w[:4]) for t in set.union(*texts[i])) for i in ids)
 
         counts = Counter(w for th, co in texts.values() for w in th | co)
-        probes = [w for w in counts if w.isalpha() and len(w) >= 5 and w not in STOP]
+        keys = set().union(*(key_words(st.thought) for st in steps))
+        probes = [
+            w for w in counts if w.isalpha() and len(w) >= 5 and w not in STOP and w not in keys
+        ]
         only_corrected = [w for w in probes if not any(w in th for th, _ in texts.values())]
         rare, common = min(probes, key=lambda w: counts[w]), max(probes, key=lambda w: counts[w])
         for w in {rare, common, *only_corrected[:1]}:
