@@ -7,8 +7,8 @@
 A thin client of the studies feature (docs/studies.md): the platform schedules the runs (one warm
 start per task and seed, shared by the arms), resumes an interrupted study, stores every
 evaluation deal, and judges the arms by the primary metric the study file declares. The script
-it replaced wrote docs/results/updates.csv and the generated block of docs/results.md; both are
-kept as they were (read with any CSV reader; the script is in git history before this file).
+it replaced wrote docs/results/updates.csv (kept as it was: read it with any CSV reader) and a
+generated block of docs/results.md; both that block and the script are in git history.
 """
 
 from __future__ import annotations
