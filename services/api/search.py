@@ -2,11 +2,12 @@
 
 Full text matches the steps whose thought, or whose corrected thought, holds every word of the
 query, English-stemmed: on PostgreSQL through the GIN indexes over ``to_tsvector('english', …)``
-(migration 0003), on SQLite (embedded) through the FTS5 tables with Porter stemming (migration
-0008). Results come in step-id order, a page at a time after (or before) a step id, so a deep page
-costs what the first does. A search by filters counts its matches up to ``COUNT_CAP`` ("1,000+");
-a text search counts only through its page (a common word would be looked for in every thought of
-the run) and says whether more follow.
+(migration 0003), on SQLite (embedded) through the FTS5 tables with Porter stemming (migrations
+0008, 0010). Both match the words of the JSON's values, never of its keys. Results come in
+step-id order, a page at a time after (or before) a step id, so a deep page costs what the first
+does. A search by filters counts its matches up to ``COUNT_CAP`` ("1,000+"); a text search
+counts only through its page (a common word would be looked for in every thought of the run)
+and says whether more follow.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ TS_CONFIG = "english"
 # The indexed expressions of migration 0003, character for character.
 STEP_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(steps.thought, ''))"
 CORR_TSV = f"to_tsvector('{TS_CONFIG}', coalesce(corrections.corrected_thought, ''))"
-# The FTS5 tables of migration 0008 (SQLite): a row's rowid is its step's / correction's id.
+# The FTS5 tables of migration 0010 (SQLite): a row's rowid is its step's / correction's id,
+# its text the JSON's values (keys left out when indexed).
 STEPS_FTS, CORRECTIONS_FTS = table("steps_fts", column("rowid")), table("corrections_fts")
 WORD = re.compile(r"[^\W_]+")
 # A stored thought is the output's JSON minus its action: its keys ("target number") are the
-# task's format, not the agent's words. PostgreSQL matches the values only: the index finds the
-# candidates, and this (a JSON string followed by ':' taken out) rechecks them.
+# task's format, not the agent's words. Both stores match the values only: SQLite's FTS5 tables
+# index nothing else (migration 0010); on PostgreSQL the index finds the candidates, and this (a
+# JSON string followed by ':' taken out) rechecks them.
 JSON_KEY = r'"([^"\\]|\\.)*"[[:space:]]*:'
 
 SPARSE = 8  # fewer than 1 step in SPARSE matching: a text search asks its index

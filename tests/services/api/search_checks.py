@@ -30,7 +30,8 @@ STOP = {"about", "after", "again", "against", "before", "being", "below", "betwe
 
 
 # A stored thought is JSON: its keys ("target number") are the task's format, which the search
-# leaves out on PostgreSQL (services/api/search.py JSON_KEY); the words of its values are found.
+# leaves out on both stores (services/api/search.py JSON_KEY, migration 0010); the words of its
+# values are found.
 JSON_KEY = re.compile(r'"(?:[^"\\]|\\.)*"\s*:')
 
 
@@ -39,7 +40,7 @@ def words(text: str | None) -> set[str]:
 
 
 def key_words(text: str | None) -> set[str]:
-    """Words of the JSON keys: never probes (SQLite's FTS5 index still holds them)."""
+    """Words of the JSON keys."""
     return set(re.findall(r"[^\W_]+", " ".join(JSON_KEY.findall(text or "")).lower()))
 
 
@@ -111,10 +112,7 @@ def _check(url: str, run_id: int) -> None:
             return all(any(t.startswith(w[:4]) for t in set.union(*texts[i])) for i in ids)
 
         counts = Counter(w for th, co in texts.values() for w in th | co)
-        keys = set().union(*(key_words(st.thought) for st in steps))
-        probes = [
-            w for w in counts if w.isalpha() and len(w) >= 5 and w not in STOP and w not in keys
-        ]
+        probes = [w for w in counts if w.isalpha() and len(w) >= 5 and w not in STOP]
         only_corrected = [w for w in probes if not any(w in th for th, _ in texts.values())]
         rare, common = min(probes, key=lambda w: counts[w]), max(probes, key=lambda w: counts[w])
         for w in {rare, common, *only_corrected[:1]}:
@@ -137,6 +135,22 @@ def _check(url: str, run_id: int) -> None:
         corrected = set(walk(verdict="corrected"))
         assert set(walk(q=common, verdict="corrected")) == set(walk(q=common)) & corrected
         assert walk(q="zzyzxqwv") == []
+
+        # The JSON's keys are the task's format, in every thought: a word only they hold finds
+        # nothing (with its keys indexed, q=target found every NumberLine step).
+        keys = set().union(
+            *(key_words(st.thought) for st in steps),
+            *(key_words(c.corrected_thought) for c in corr.values()),
+        )
+        held = set().union(*(th | co for th, co in texts.values()))
+        keys_only = sorted(k for k in keys if not any(v.startswith(k[:4]) for v in held))
+        if run.task == "numberline":
+            assert {"target", "thoughts"} <= set(keys_only), keys_only
+        assert keys_only, "the run's thoughts have keys"
+        for k in keys_only:
+            assert walk(limit=50, q=k) == [], k
+        # ... and with a word of the values beside it, neither does the value's word
+        assert walk(limit=50, q=f"{rare} {keys_only[0]}") == []
 
         # Hostile text: never an error; no word, no match.
         for q in HOSTILE:
