@@ -216,6 +216,9 @@ def test(name: str, task: str, seed: int) -> None:
     )
     if result.structured:
         click.echo(result.structured)
+    for step in result.probe:
+        if step.reason:
+            click.echo(f"  {step.level} {step.outcome}: {step.reason}")
     if result.ok:
         click.echo(f"verdict: {result.verdict}")
         if result.corrected_thought:

@@ -25,6 +25,7 @@ from services.corrector.schemas import (
     CorrectorPatch,
     CorrectorStats,
     CorrectorTestResult,
+    ProbeStep,
 )
 from services.corrector.service import ORACLE, corrector_from_row
 from shared.db import models
@@ -163,10 +164,13 @@ def try_corrector(
     start = time.perf_counter()
     trace = CallTrace()
     structured = None
+    steps: list[ProbeStep] = []
     try:
         corrector = corrector_from_row(row, settings, overrides={"max_retries": 0})
         if probe and isinstance(corrector, OpenAICorrector):  # what the server honours
-            structured = describe_probe(corrector.probe(trace))
+            found = corrector.probe(trace)
+            structured = describe_probe(found)
+            steps = probe_steps(found)
         result = corrector.correct(sample, trace)
     except CorrectorError as e:
         # A category, never the remote's error text: /test must not read other hosts' answers
@@ -179,6 +183,7 @@ def try_corrector(
             tokens=trace.tokens,
             attempts=trace.attempts,
             structured=structured,
+            probe=steps,
         )
     except Exception:  # noqa: BLE001 - e.g. a stored key no HTTP header can carry
         log.exception("sample call of corrector %s failed", row.name)
@@ -194,7 +199,18 @@ def try_corrector(
         raw=trace.raw,
         attempts=trace.attempts,
         structured=structured,
+        probe=steps,
     )
+
+
+def probe_steps(found: list[Honoured]) -> list[ProbeStep]:
+    """The probe level by level, each with its reason as a category (as ``/test`` errors)."""
+    return [
+        ProbeStep(
+            level=h.level, outcome=h.outcome, reason=public_error(h.error) if h.error else None
+        )
+        for h in found
+    ]
 
 
 def describe_probe(found: list[Honoured]) -> str:

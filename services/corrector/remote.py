@@ -199,7 +199,7 @@ class Honoured:
     level: str  # one of LEVELS
     outcome: Literal["enforced", "ignored", "refused", "failed"]
     answer: str  # the answer's start ("" when there was none)
-    error: CorrectorError | None = None  # why it was refused or failed
+    error: CorrectorError | None = None  # why it was ignored, refused or failed
 
 
 # The probe asks for something a model never writes unless a decoder forces it.
@@ -213,16 +213,19 @@ PROBE_SCHEMA: dict[str, Any] = {
 }
 
 
-def _probe_outcome(level: str, answer: str) -> Literal["enforced", "ignored"]:
-    """A schema level is enforced when the answer is the schema's only value; plain
-    json_object when the answer is a JSON object at all."""
+def _probe_outcome(level: str, answer: str) -> CorrectorError | None:
+    """None when the level is enforced: a schema level when the answer is the schema's only
+    value, plain json_object when the answer is a JSON object at all. Otherwise why the answer
+    shows the level was ignored (what ``gtr corrector test`` and ``/test`` report per answer)."""
     try:
         value = json.loads(answer)
     except ValueError:
-        return "ignored"
-    if level in SCHEMA_LEVELS:
-        return "enforced" if value == PROBE_ANSWER else "ignored"
-    return "enforced" if isinstance(value, dict) else "ignored"
+        return CorrectorError("malformed", "answer is not JSON" if answer else "empty answer")
+    if level in SCHEMA_LEVELS and value != PROBE_ANSWER:
+        return CorrectorError("malformed", "answer is JSON but not the schema's only value")
+    if not isinstance(value, dict):
+        return CorrectorError("malformed", "answer is JSON but not an object")
+    return None
 
 
 @dataclass(frozen=True)
@@ -340,8 +343,9 @@ class OpenAICorrector(_Remote):
                 found.append(Honoured(level, "failed", "", why))
                 return found
             answer = str(getattr(message, "content", None) or "")
-            outcome = _probe_outcome(level, answer)
-            found.append(Honoured(level, outcome, answer[:120]))
+            ignored = _probe_outcome(level, answer)
+            outcome: Literal["enforced", "ignored"] = "ignored" if ignored else "enforced"
+            found.append(Honoured(level, outcome, answer[:120], ignored))
             if outcome == "enforced":
                 self._level = i
                 self.schema_enforced = level in SCHEMA_LEVELS

@@ -131,6 +131,22 @@ class CorrectorTest(BaseModel):
 
     task: Task = Field(default="numberline", description="Task whose rendered state is sent")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the sample state")
+    probe: bool = Field(
+        default=True,
+        description="Kind openai: first ask for a trivial JSON schema at each structured-output "
+        "level (up to 3 more requests) to find out what the endpoint enforces, as "
+        "`gtr corrector test` does",
+    )
+
+
+class ProbeStep(BaseModel):
+    level: str = Field(description="json_schema, json_object_schema or json_object")
+    outcome: Literal["enforced", "ignored", "refused", "failed"]
+    reason: str | None = Field(
+        default=None,
+        description="Why the answer shows the level ignored (e.g. 'malformed: answer is not "
+        "JSON'), or the error's category when refused or failed; never the remote's words",
+    )
 
 
 class CorrectorTestResult(BaseModel):
@@ -146,6 +162,9 @@ class CorrectorTestResult(BaseModel):
         default=None,
         description="What the endpoint did with structured output (kind openai): enforced, "
         "ignored or refused at each level tried, and what the corrector does about it",
+    )
+    probe: list[ProbeStep] = Field(
+        default_factory=list, description="Each structured-output level probed, in order"
     )
 
 

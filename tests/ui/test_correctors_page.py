@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from tests.conftest import free_port
+from tests.services.corrector.conftest import FakeOpenAI
+from tests.services.corrector.test_structure_probe import prose_unless_shown
 from tests.ui.conftest import login, shot
 from tests.ui.seed import Seeded
 
@@ -23,6 +29,45 @@ def test_admin_registers_and_tests_a_corrector(page, base_url: str, seeded: Seed
     result.wait_for(timeout=30_000)
     assert "failed" in result.inner_text()
     shot(page, "correctors")
+
+
+@contextmanager
+def _ignores_response_format() -> Iterator[FakeOpenAI]:
+    """A chat server that answers 200 in prose whatever ``response_format`` asks."""
+    fake = FakeOpenAI()
+    fake.respond = prose_unless_shown
+    thread = threading.Thread(target=fake.server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+
+
+def test_the_test_button_says_what_the_server_honours(page, base_url: str, seeded: Seeded) -> None:
+    """The page's Test runs the probe of `gtr corrector test` and shows its findings."""
+    with _ignores_response_format() as fake:
+        login(page, base_url, seeded.admin_token, "/correctors")
+        page.fill("input[name=name]", "ui-ignores-format")
+        page.select_option("select[name=kind]", "openai")
+        page.fill("input[name=base_url]", fake.url)
+        page.fill("input[name=model]", "m")
+        page.click("#register-form button[type=submit]")
+        row = page.locator("tr[data-corrector='ui-ignores-format']")
+        row.wait_for()
+        row.locator("button", has_text="Test").click()
+        said = row.locator(".test-result .structured")
+        said.wait_for(timeout=30_000)
+        assert "the schema is NOT enforced by this server" in said.inner_text()
+        assert "ok · correct" in row.locator(".test-result .ok").inner_text()
+        levels = row.locator(".test-result ul.probe li").all_inner_texts()
+        assert levels == [
+            f"{level} ignored: malformed: answer is not JSON"
+            for level in ("json_schema", "json_object_schema", "json_object")
+        ]
+        assert len(fake.requests) == 4  # three probes and the sample
+        shot(page, "corrector-probe")
 
 
 def test_read_only_token_cannot_register(page, base_url: str, seeded: Seeded) -> None:

@@ -98,11 +98,13 @@ def test(
     db: Session = Depends(get_db, scope="function"),
     settings: Settings = Depends(get_settings),
 ) -> CorrectorTestResult:
-    """Send one sample request (a rendered state) and report verdict and latency, or the error."""
+    """Send one sample request (a rendered state) and report verdict and latency, or the error
+    and the answer's malformed reason; for an openai endpoint first probe which structured
+    output it enforces, ignores or refuses (as `gtr corrector test`)."""
     body = body or CorrectorTest()
     with _http_errors():
         row = registry.get_corrector(db, token, corrector_id)
-        return registry.try_corrector(row, settings, body.task, body.seed)
+        return registry.try_corrector(row, settings, body.task, body.seed, probe=body.probe)
 
 
 @router.get("/{corrector_id}/stats", response_model=CorrectorStats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from shared.settings import Settings, get_settings
 from tests.conftest import live_server
 from tests.services.corrector.conftest import FakeOpenAI, Reply, chat
 from tests.services.corrector.helpers import env_ready, make_step
+from tests.services.corrector.test_structure_probe import YES, prose_unless_shown
 
 SECRET = "sk-live-DO-NOT-LEAK-0123456789"
 SETTINGS = Settings(corrector_url_allowlist=["127.0.0.1", "api.openai.com"])
@@ -171,12 +173,67 @@ def test_the_test_endpoint_reports_verdict_or_error(
     fake_openai.then(
         chat('{"answer1": "", "answer2": "", "evaluation": "YES", "correction": null}')
     )
-    good = admin.post(f"/api/correctors/{cid}/test", json={"task": "numberline", "seed": 3}).json()
+    sample = {"task": "numberline", "seed": 3, "probe": False}
+    good = admin.post(f"/api/correctors/{cid}/test", json=sample).json()
     assert good["ok"] is True and good["verdict"] == "correct" and good["latency_ms"] > 0
+    assert good["structured"] is None and good["probe"] == [] and good["attempts"] == 1
     assert fake_openai.requests[0]["headers"]["authorization"] == f"Bearer {SECRET}"
-    fake_openai.then(Reply(500, {"error": {"message": "down"}}))
-    bad = admin.post(f"/api/correctors/{cid}/test").json()
-    assert bad["ok"] is False and "HTTP 500" in bad["error"] and len(fake_openai.requests) == 2
+    fake_openai.default = Reply(500, {"error": {"message": "down"}})
+    bad = admin.post(f"/api/correctors/{cid}/test").json()  # probes by default: one probe, down
+    assert bad["ok"] is False and "HTTP 500" in bad["error"] and len(fake_openai.requests) == 3
+    assert [(p["level"], p["outcome"]) for p in bad["probe"]] == [("json_schema", "failed")]
+    assert bad["structured"].endswith("(transport: the endpoint answered HTTP 500); not known")
+    assert "down" not in json.dumps(bad)  # categories, never the remote's words
     assert SECRET not in caplog.text
     with session_scope() as s:
         assert s.scalar(select(models.Corrector.id).where(models.Corrector.name == "tested")) == cid
+
+
+def test_the_test_endpoint_probes_a_server_that_ignores_response_format(
+    api: str, admin: httpx.Client, fake_openai: FakeOpenAI
+) -> None:
+    """The REST test runs the CLI's probe: a server that answers 200 in prose whatever
+    ``response_format`` says is reported as ignoring every level, with each answer's reason;
+    the sample then carries the schema in its prompt and its JSON is found inside the prose."""
+    env_ready()
+    fake_openai.respond = prose_unless_shown
+    cid = _create(admin, "ignores-format", base_url=fake_openai.url).json()["id"]
+    r = admin.post(f"/api/correctors/{cid}/test", json={"task": "numberline", "seed": 1})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["ok"] is True and got["verdict"] == "correct", got
+    assert got["attempts"] == 4  # three probes and the sample
+    assert [(p["level"], p["outcome"], p["reason"]) for p in got["probe"]] == [
+        (level, "ignored", "malformed: answer is not JSON")
+        for level in ("json_schema", "json_object_schema", "json_object")
+    ]
+    assert "the schema is NOT enforced by this server" in got["structured"]
+    assert got["raw"].startswith("Sure! Here is my evaluation:")
+    assert "Hope this helps." in got["raw"]
+    assert "response_format" not in fake_openai.requests[-1]["json"]
+
+    # The same server now judges "NO" without a correction: the reason names the missing part.
+    no = {**YES, "evaluation": "NO"}
+    fake_openai.respond = lambda body: chat(f"My verdict: {json.dumps(no)} (sorry)")
+    bad = admin.post(f"/api/correctors/{cid}/test").json()
+    assert bad["ok"] is False
+    assert bad["error"] == "malformed: evaluation is NO but 'correction' is no JSON object", bad
+    assert bad["raw"].startswith("My verdict:")
+    assert [p["reason"] for p in bad["probe"]] == ["malformed: answer is not JSON"] * 3
+
+
+def test_the_test_endpoint_refuses_what_it_cannot_test(
+    api: str, admin: httpx.Client, fake_openai: FakeOpenAI
+) -> None:
+    cid = _create(admin, "someone-elses", base_url=fake_openai.url).json()["id"]
+    other_team = _token("write", team="other")
+    theirs = httpx.post(f"{api}/api/correctors/{cid}/test", headers=other_team, timeout=30)
+    assert theirs.status_code == 404 and theirs.json()["detail"] == f"corrector {cid} not found"
+    missing = admin.post("/api/correctors/987654321/test")
+    assert missing.status_code == 404 and "987654321 not found" in missing.json()["detail"]
+    reader = httpx.post(f"{api}/api/correctors/{cid}/test", headers=_token("read"), timeout=30)
+    assert reader.status_code == 403
+    for body, field in (({"task": "chess"}, "task"), ({"probe": "maybe"}, "probe")):
+        refused = admin.post(f"/api/correctors/{cid}/test", json=body)
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == field
+    assert fake_openai.requests == []  # nothing was sent for a refused test

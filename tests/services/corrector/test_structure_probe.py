@@ -107,6 +107,8 @@ def test_gtr_corrector_test_says_what_the_server_honours(fake_openai: FakeOpenAI
         "structured output: json_schema ignored, json_object_schema ignored, json_object "
         "ignored: the schema is NOT enforced by this server" in tried.output
     )
+    for level in ("json_schema", "json_object_schema", "json_object"):  # each answer's reason
+        assert f"  {level} ignored: malformed: answer is not JSON\n" in tried.output
     assert "verdict: correct" in tried.output and "Hope this helps." in tried.output
     assert "4 request(s)" in tried.output  # three probes and the sample
 

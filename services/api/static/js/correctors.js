@@ -12,9 +12,17 @@
     cell.replaceChildren(el('span', {class: 'muted'}, 'testing…'));
     try {
       const r = await gtr.api(`/api/correctors/${c.id}/test`, {method: 'POST', body: JSON.stringify({task: 'numberline'})});
+      // What `gtr corrector test` prints: the verdict or the error (a malformed answer's reason),
+      // what the server did with structured output level by level, and the raw answer.
       cell.replaceChildren(r.ok
-        ? el('span', {class: 'ok'}, `ok · ${r.verdict} · ${Math.round(r.latency_ms)} ms · ${r.tokens} tokens`)
+        ? el('span', {class: 'ok'}, `ok · ${r.verdict} · ${Math.round(r.latency_ms)} ms · ${r.tokens} tokens · ${r.attempts} request(s)`)
         : el('span', {class: 'bad'}, `failed after ${Math.round(r.latency_ms)} ms: ${r.error}`));
+      if (r.structured) cell.append(el('div', {class: 'small structured'}, r.structured));
+      if (r.probe && r.probe.length) {
+        cell.append(el('ul', {class: 'small muted probe'}, ...r.probe.map(p =>
+          el('li', {'data-level': p.level}, `${p.level} ${p.outcome}${p.reason ? `: ${p.reason}` : ''}`))));
+      }
+      if (r.raw != null) cell.append(el('details', {class: 'small'}, el('summary', {}, 'raw answer'), el('pre', {class: 'raw'}, r.raw)));
     } catch (err) { cell.replaceChildren(el('span', {class: 'bad'}, err.message)); }
   }
 
