@@ -282,7 +282,9 @@ def child_env(data: Path, models: Path, tree: Path) -> dict[str, str]:
         "GTR_DATA_DIR": str(data),
         "GTR_MODEL_DIR": str(models),
         "GTR_TORCH_THREADS": "1",
-        "PYTHONPATH": str(tree),
+        # the tree first; packages installed beside the interpreter's (a GPU machine's
+        # carried wheels) stay importable
+        "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
 
 

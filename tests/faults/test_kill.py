@@ -379,9 +379,18 @@ def test_restart_redis_with_corrections_queued_and_no_wait(fresh: dict) -> None:
     run_id = _launch(fresh, wait="none", wait_timeout_s=3)
     _mid_rollout(fresh, run_id)
     fresh["redis"].kill()
-    time.sleep(1.0)
-    fresh["redis"].start()
+    # The worker starts while Redis is down (its imports take seconds on a loaded host) and
+    # is retrying when Redis returns: the re-sent corrections find it at work within their
+    # 3 s. A worker that came up later would leave them failed and the run rightly degraded.
+    log_at = len((st.root / "corrector.log").read_bytes())
     st.start("corrector")
+    _until(
+        "the corrector worker retrying its broker",
+        lambda: b"Cannot connect" in (st.root / "corrector.log").read_bytes()[log_at:],
+        120,
+        fresh,
+    )
+    fresh["redis"].start()
     _finish(fresh, run_id, 120)
     assert b"corrections missing" in (st.root / "controller.log").read_bytes()[seen:]
 
