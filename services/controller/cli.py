@@ -16,6 +16,7 @@ from services.controller.console import (
     print_summary,
     progress_printer,
     success_cell,
+    update_done,
 )
 
 if TYPE_CHECKING:
@@ -284,11 +285,11 @@ def phase_text(r: dict[str, Any]) -> str:
 
 def update_line(r: dict[str, Any], u: dict[str, Any]) -> str:
     """One finished update, numbered as the charts, the step search and the step pages number
-    it (from 0), with how many of the run's updates are done."""
+    it (from 0), with how many of the run's updates are done (``update_done``)."""
     m, nan = u["metrics"], float("nan")
     ev = m.get("eval/success_rate")  # only after an evaluated update
     return (
-        f"[{r['status']}] update {u['idx']} done ({u['idx'] + 1} of {r['num_updates']})"
+        f"[{r['status']}] {update_done(u['idx'], r['num_updates'])}"
         f"  env steps {r['env_steps']}/{r['total_env_steps']}"
         f"  success {success_cell(m)}"
         f"  corrected {m.get('corrected_rate', nan):.2f}"

@@ -50,6 +50,12 @@ def _fmt(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
+def update_done(idx: int, total: int) -> str:
+    """A finished update as every view numbers it (charts, step search, step pages, `gtr run
+    watch`, `gtr train`): from 0, with how many of the run's updates are done."""
+    return f"update {idx} done ({idx + 1} of {total})"
+
+
 def progress_line(cfg: RunConfig, p: Any, last_eval: float | None, seconds: float) -> str:
     """One plain line per update (what the bar shows), for logs read by machines and people."""
     m = p.metrics
@@ -59,7 +65,7 @@ def progress_line(cfg: RunConfig, p: Any, last_eval: float | None, seconds: floa
     corrections = _corrections(cfg, m)  # the same facts as the bar, without its colour
     failing = "  CORRECTIONS FAILING" if corrections and m.get("corrections_alarm") else ""
     return (
-        f"update {p.update_idx + 1}/{cfg.train.num_updates}"
+        f"{update_done(p.update_idx, cfg.train.num_updates)}"
         f"  env steps {p.env_steps}/{p.total_env_steps}"
         f"  success {success_cell(m)}{evaluated}"
         f"  corrected {_fmt(m.get('corrected_rate'))}"
@@ -109,7 +115,7 @@ def progress_printer(cfg: RunConfig) -> Iterator[Callable[[Any], None]]:
                 last_eval[0] = m["eval/success_rate"]
             evaluated = "" if last_eval[0] is None else f"  eval {_fmt(last_eval[0])}"
             stats = (
-                f"update {p.update_idx + 1}/{cfg.train.num_updates}"
+                f"{update_done(p.update_idx, cfg.train.num_updates)}"
                 f"  success {success_cell(m)}"
                 f"{evaluated}"
                 f"  corrected {_fmt(m.get('corrected_rate'))}"
@@ -183,7 +189,7 @@ def summary_notes(metrics: list[dict[str, Any]]) -> list[str]:
     """Warnings under the summary table: collapse alarms with their reasons, and games that are
     not ALFWorld benchmark games."""
     notes = [
-        f"collapse alarm at update {i + 1}: {m['alarm_reason']}"
+        f"collapse alarm at update {i}: {m['alarm_reason']}"
         for i, m in enumerate(metrics)
         if m.get("alarm_reason")
     ]
@@ -219,14 +225,14 @@ def print_summary(run_id: int, seconds: float) -> None:
         info = dict(run.info or {})
     table = Table(
         title=f"run {run_id}: {status} in {seconds:.0f} s, {steps} env steps",
-        caption="columns: after update #",
+        caption="columns: after update # (from 0, as the charts number them)",
     )
     cols = summary_columns(metrics)
     # Full metric names, never cut; short headers keep 7 columns within 80 characters
     # (up to update 99 999).
     table.add_column("metric", no_wrap=True, min_width=max(len(k) for k in SUMMARY_KEYS))
     for i in cols:
-        table.add_column(f"#{i + 1}", justify="right", no_wrap=True)
+        table.add_column(f"#{i}", justify="right", no_wrap=True)
     for k in SUMMARY_KEYS:
         cells = [metrics[i].get(k) for i in cols]
         if k == "success_rate" and cols:  # always a row: "0 of N finished" when none ended

@@ -55,8 +55,9 @@ def test_a_run_whose_corrector_always_fails_reports_it(tmp_path, warm_checkpoint
     assert metrics["corrections_done"] == 0 and metrics["corrections_alarm"] == 1.0
     assert f"corrections: 0 done, {n} failed (malformed {n})" in proc.stdout
     assert "most corrections FAILED" in proc.stdout
-    # Stdout is a pipe: the per-update line carries what the terminal's bar shows.
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("update 1/1"))
+    # Stdout is a pipe: the per-update line carries what the terminal's bar shows, the update
+    # numbered from 0 as the charts and `gtr run watch` number it.
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("update 0 done (1 of 1)"))
     assert f"corrections 0 done, {n} failed (malformed {n})" in line, line
     assert line.endswith("CORRECTIONS FAILING"), line
     # The reason of the failures, in the summary; the run is degraded, and says why.
