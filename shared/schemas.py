@@ -115,7 +115,9 @@ class ModelConfig(_Strict):
         "service samples with its own `gtr policy serve --backend`)",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto = fp32 on CPU, bf16 on GPU"
+        "auto",
+        description="auto = fp32 on CPU; on a GPU mixed precision (bf16 autocast, trained "
+        "weights fp32, a LoRA's frozen base bf16); bfloat16 = every weight bf16, no autocast",
     )
 
 

@@ -122,13 +122,28 @@ def to_pil(image: ImageLike) -> Image.Image:
     return Image.fromarray(arr.astype(np.uint8)).convert("RGB")
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+def resolve_precision(dtype: str, device: torch.device, finetune: str) -> tuple[torch.dtype, bool]:
+    """(the weights' dtype, whether forward passes run under bf16 autocast).
+
+    ``auto`` on a GPU is mixed precision: bf16 matrix products under autocast, while the weights
+    that train stay fp32. A bf16 weight rounds away any AdamW step under 2^-8 of its size (at
+    lr 1e-5 every step), so full fine-tuning loads fp32 weights; under LoRA the base is frozen
+    and stays bf16 (peft makes the adapters fp32). ``bfloat16``: every weight bf16, no autocast
+    (half the memory of full fine-tuning, lossy steps). On a CPU ``auto`` is fp32: its products
+    have no fast bf16 path."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32, False
+        return (torch.float32 if finetune == "full" else torch.bfloat16), True
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in table:
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
-    return table[dtype]
+    return table[dtype], False
+
+
+def autocast(device: torch.device, enabled: bool) -> torch.autocast:
+    """bf16 autocast on ``device`` when ``enabled`` (``resolve_precision``'s second answer)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def set_threads() -> None:

@@ -71,9 +71,10 @@ from services.policy.checkpoint import (
 from services.policy.heads import GeneratedRepetitionPenalty, image_token_id, make_value_head
 from services.policy.loading import (
     add_lora,
+    autocast,
     language_model,
     load_processor,
-    resolve_dtype,
+    resolve_precision,
     set_threads,
     suppressed_ids,
     to_pil,
@@ -123,6 +124,7 @@ class Policy:
         device: torch.device,
         dtype: torch.dtype,
         value_head: str = "linear",
+        amp: bool = False,
     ) -> None:
         self.model = model
         self.processor = processor
@@ -132,7 +134,7 @@ class Policy:
         self.lora = lora
         self.model_path = model_path
         self.device = device
-        self.dtype = dtype
+        self.dtype, self.amp = dtype, amp  # amp: forward passes under bf16 autocast
         cfg = self.base_model.config
         self.model_type: str = cfg.model_type
         self.value_kind = value_head
@@ -188,7 +190,7 @@ class Policy:
             raise FileNotFoundError(f"no HF checkpoint (config.json) in {path}")
         set_threads()
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        tdtype = resolve_dtype(dtype, dev)
+        tdtype, amp = resolve_precision(dtype, dev, finetune)
         torch.manual_seed(seed)
         model: Any = AutoModelForImageTextToText.from_pretrained(path, dtype=tdtype)
         model = model.to(dev)
@@ -214,6 +216,7 @@ class Policy:
             device=dev,
             dtype=tdtype,
             value_head=value_head,
+            amp=amp,
         )
 
     @classmethod
@@ -314,7 +317,8 @@ class Policy:
             linears = self.transposed_linears
             fast = linears.active() if linears is not None else nullcontext()
             # The value reads the hidden state at the prefill's last position (-1).
-            with fast, last_hidden(self._final_norm, -1, self._image_mask(inputs)) as hidden:
+            amp = autocast(self.device, self.amp)  # mixed precision: resolve_precision
+            with fast, amp, last_hidden(self._final_norm, -1, self._image_mask(inputs)) as hidden:
                 out = self.model.generate(
                     **inputs,
                     generation_config=gcfg,
@@ -368,8 +372,9 @@ class Policy:
             grad = torch.enable_grad() if with_grad else torch.no_grad()
             self.model.train(with_grad)
             try:
-                at = prompt_len - 1
-                with grad, last_hidden(self._final_norm, at, self._image_mask(inputs)) as hidden:
+                amp = autocast(self.device, self.amp)
+                reads = last_hidden(self._final_norm, prompt_len - 1, self._image_mask(inputs))
+                with grad, amp, reads as hidden:
                     out = self.model(**full, use_cache=False, logits_to_keep=resp.shape[1] + 1)
                     values = self._value(*hidden[0])
                     logits = out.logits[:, :-1].float()  # position P-1+t predicts token t
@@ -391,7 +396,7 @@ class Policy:
 
     def _value(self, hidden: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         x = hidden if image is None else torch.cat([hidden, image], dim=-1)  # (B, d) or (B, 2d)
-        return self.value_head(x.float()).squeeze(-1)  # (B,)
+        return self.value_head(x.float()).squeeze(-1).float()  # (B,); autocast gives bf16
 
     # ---- helpers for the trainer --------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The CUDA path: the policy's generate and score, a trainer update (LoRA and full fine-tuning in
-bf16, the ``dtype = "auto"`` of a GPU) and a short embedded run, on a CUDA device.
+"""The CUDA path: the policy's generate and score, a trainer update (LoRA and full fine-tuning under
+bf16 autocast with fp32 trained weights, the ``dtype = "auto"`` of a GPU) and a short embedded
+run, on a CUDA device.
 
 Marked ``cuda``: deselected by default (pyproject addopts) and skipped without a GPU, so CI
 never runs them; on a GPU machine: ``pytest -m cuda tests/cuda``."""
@@ -39,8 +40,10 @@ def _images() -> list[np.ndarray]:
 
 def test_generate_and_score_run_on_the_gpu_in_bf16(tiny_model_dir: Path) -> None:
     policy = Policy.load(tiny_model_dir, finetune="lora", lora_r=4)
-    assert policy.device.type == "cuda" and policy.dtype == torch.bfloat16
+    # mixed precision: the frozen base in bf16, the adapters and value head fp32, bf16 autocast
+    assert policy.device.type == "cuda" and policy.dtype == torch.bfloat16 and policy.amp
     assert all(p.device.type == "cuda" for p in policy.trainable_parameters())
+    assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
     images = _images()
     sampled = policy.generate(images, PROMPTS, max_new_tokens=16, seed=0)
     greedy = policy.generate(images, PROMPTS, max_new_tokens=16, greedy=True)
@@ -91,7 +94,7 @@ def _rollout(policy: Policy, shas: list[str], texts: list[str], rewards: list[fl
 def test_a_gtr_update_trains_on_the_gpu_in_bf16(tiny_model_dir: Path, finetune: str) -> None:
     torch.manual_seed(0)
     policy = Policy.load(tiny_model_dir, finetune=finetune, lora_r=4)  # type: ignore[arg-type]
-    assert policy.dtype == torch.bfloat16
+    assert policy.amp and policy.dtype == (torch.float32 if finetune == "full" else torch.bfloat16)
     shas = [put_image((0, 0, 0)), put_image((255, 255, 255))]
     rollout = _rollout(policy, shas, [TARGET, '{"action": "+"}'], [1.0, -1.0])
     buffer = DaggerBuffer(run_id=0)
@@ -107,7 +110,7 @@ def test_a_gtr_update_trains_on_the_gpu_in_bf16(tiny_model_dir: Path, finetune: 
         assert np.isfinite(metrics[key]), (key, metrics)
     moved = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.params, strict=True))
     assert moved > 0.5 * len(before)
-    assert all(p.device.type == "cuda" for p in trainer.params)
+    assert all(p.device.type == "cuda" and p.dtype == torch.float32 for p in trainer.params)
     for state in trainer.optimizer.state.values():  # AdamW's moments live beside the weights
         assert all(t.device.type == "cuda" for t in state.values() if t.dim() > 0)
 
@@ -129,8 +132,9 @@ def test_an_embedded_run_trains_on_the_gpu(tmp_path: Path, warm_checkpoint: Path
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "completed" in proc.stdout
-    # The trainer's checkpoints hold its weights as trained: bf16, the GPU's dtype = "auto".
+    # The trainer's checkpoints hold its weights as trained: fp32 (mixed precision's master
+    # weights; under LoRA the frozen bf16 base is not what a checkpoint stores).
     [last] = (tmp_path / "data").rglob("update-00001/model.safetensors")
     with safe_open(str(last), "pt") as f:
         dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118
-    assert torch.bfloat16 in dtypes, dtypes
+    assert torch.float32 in dtypes, dtypes
