@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("gtr.service")
 
-MAX_BODY_BYTES = 8 * 1024 * 1024  # the API's limit; a policy batch of PNGs fits well under it
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the API's limit, and every internal service's but the policy's
 MAX_DETAIL_CHARS = 300  # an error text longer than this is cut: never an echo of the input
 # /metrics (counts and latencies, no run data) stays open so Prometheus needs no service token.
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
@@ -100,7 +100,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def secure_service(
-    app: FastAPI, token: str | None, errors: dict[int, str], open_paths: frozenset[str] = OPEN_PATHS
+    app: FastAPI,
+    token: str | None,
+    errors: dict[int, str],
+    open_paths: frozenset[str] = OPEN_PATHS,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """Token, body limit, error handlers and documented errors for an internal service app;
     ``open_paths`` take no token (probes and scrapes)."""
@@ -108,7 +112,7 @@ def secure_service(
     from shared.body_limit import BodyLimit
 
     app.add_middleware(AllowEveryMethod, documented=app)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     # outermost: no body is read without it
     app.add_middleware(ServiceToken, token=token, open_paths=open_paths)
     install_error_handlers(app)

@@ -14,6 +14,7 @@ from services.env.client import EnvClient
 from services.env.service import EnvPool
 from services.policy.batching import Batcher
 from services.policy.routes import router
+from services.policy.schemas import MAX_REQUEST_BYTES
 from shared.observe import install as install_metrics
 from shared.service_auth import OPEN_PATHS, secure_service
 from shared.settings import HOSTED_ENVS, Settings, get_settings
@@ -69,7 +70,9 @@ def create_app(
         errors = {**ENV_ERRORS, **errors, 404: f"{errors[404]}; {ENV_ERRORS[404].lower()}"}
         # The env routes' probe; their requests show in this service's own /metrics.
         open_paths = OPEN_PATHS | {f"{HOSTED_ENVS}/healthz"}
-    return secure_service(app, settings.service_token_value, errors, open_paths)
+    return secure_service(
+        app, settings.service_token_value, errors, open_paths, max_body_bytes=MAX_REQUEST_BYTES
+    )
 
 
 def _rollout_envs(app: FastAPI, settings: Settings) -> EnvPool | EnvClient | None:

@@ -15,6 +15,9 @@ from services.env.schemas import StepOut
 from shared.frames import decode_raw, encode_raw, is_raw
 
 MAX_SAMPLES = 64  # per request
+# A request of MAX_SAMPLES raw frames must fit: 64 frames of 300 px (the GPU presets) are ~23 MB
+# of base64, 448 px ~51 MB. The API's 8 MiB refused a 64-env rollout at 300 px with 413.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
 MAX_PROMPT_CHARS = 8000
 MAX_B64_CHARS = 8_000_000
 MAX_ROLLOUT_STEPS = 4096  # per POST /rollout

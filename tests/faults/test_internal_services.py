@@ -23,6 +23,7 @@ from services.env.client import EnvClient
 from services.env.service import EnvPool
 from services.policy.app import create_app as policy_app
 from services.policy.client import PolicyClient, PolicyServiceError
+from services.policy.schemas import MAX_REQUEST_BYTES
 from services.policy.service import Policy
 from shared.paths import CHECKPOINT_NOT_FOUND
 from shared.service_auth import MAX_BODY_BYTES
@@ -118,7 +119,8 @@ def test_the_policy_service_loads_checkpoints_only_from_its_store(
         r = httpx.post(f"{url}/checkpoints/load", json={"path": "p" * 100_000}, headers=AUTH)
         _short_error(r, 422)
         _short_error(
-            httpx.post(f"{url}/generate", content=b"{" * (MAX_BODY_BYTES + 10), headers=AUTH), 413
+            httpx.post(f"{url}/generate", content=b"{" * (MAX_REQUEST_BYTES + 10), headers=AUTH),
+            413,
         )
 
 

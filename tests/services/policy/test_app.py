@@ -19,8 +19,9 @@ import uvicorn
 
 from services.policy.app import create_app
 from services.policy.client import PolicyClient, PolicyServiceError
-from services.policy.schemas import MAX_SAMPLES, encode_png
+from services.policy.schemas import MAX_REQUEST_BYTES, MAX_SAMPLES, encode_frame, encode_png
 from services.policy.service import Policy
+from shared.service_auth import MAX_BODY_BYTES
 from tests.conftest import live_server
 
 
@@ -106,6 +107,26 @@ def test_more_samples_than_a_request_takes_go_as_several(served: tuple[Policy, s
         assert torch.allclose(out.logprobs[i, :k], torch.tensor(g.logprobs), atol=1e-4)
     with pytest.raises(ValueError, match="70 images for 69 prompts"):
         client.generate(images, prompts[:-1])  # as Policy.generate says it, nothing sent
+
+
+def test_a_full_request_of_large_raw_frames_fits_the_policy_services_limit(
+    served: tuple[Policy, str],
+) -> None:
+    """64 raw frames of 300 px (a GPU preset's 64-env rollout step) are ~23 MB of JSON: over
+    the API's 8 MiB, which the policy service answered with 413; its own limit takes them."""
+    policy, _ = served
+    app = create_app(policy, max_batch=64, max_wait_ms=0, max_image_side=448)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (300, 300, 3), dtype=np.uint8) for _ in range(MAX_SAMPLES)]
+    prompts = [f"frame {i}" for i in range(MAX_SAMPLES)]
+    size = len(json.dumps({"images": [encode_frame(im, "raw") for im in images]}))
+    assert MAX_BODY_BYTES < size < MAX_REQUEST_BYTES
+    with live_server(app) as url, PolicyClient(url) as client:
+        gens = client.generate(images, prompts, max_new_tokens=2, greedy=True)
+        assert len(gens) == MAX_SAMPLES and all(g.token_ids for g in gens)
+        # past the policy's own limit: still a clear 413, never a 500
+        r = httpx.post(f"{url}/generate", content=b"{" * (MAX_REQUEST_BYTES + 10))
+        assert r.status_code == 413, r.text
 
 
 def test_a_lone_caller_never_waits_out_the_window(served: tuple[Policy, str]) -> None:
