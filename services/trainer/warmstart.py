@@ -208,11 +208,15 @@ def greedy_eval(
     seed: int,
     max_new_tokens: int = 64,
 ) -> dict[str, float]:
-    """Greedy play of `episodes` episodes in parallel: success rate, reading and JSON validity."""
+    """Greedy play of `episodes` episodes in parallel: success rate, reading and JSON validity.
+    The deals are a run's evaluation deals (``shared/seeds.py``), which no training env and no
+    warm-start data reaches; ``seed`` is the run's, kept for callers (the deals do not vary
+    with it, as a run's evaluation deals do not)."""
     from services.env.expert import thought_matches_state
     from services.env.registry import make_env
+    from shared.seeds import eval_seed
 
-    envs: list[Any] = [make_env(task, env_cfg, seed=seed + 1000 + i) for i in range(episodes)]
+    envs: list[Any] = [make_env(task, env_cfg, seed=eval_seed(i)) for i in range(episodes)]
     obs = [env.reset()[0] for env in envs]
     returns, active = [0.0] * episodes, list(range(episodes))
     reads, valid = [], []
@@ -315,7 +319,9 @@ def init_policy(
         return Policy.from_config(model, base, seed=cfg.seed), {}
     full = model.model_copy(update={"finetune": "full"})
     policy = Policy.from_config(full, base, seed=cfg.seed)
-    summary = warm_start(policy, cfg.task, cfg.env, init, cfg.seed, eval_episodes)
+    from services.trainer.warmcache import warm_env
+
+    summary = warm_start(policy, cfg.task, warm_env(cfg.env), init, cfg.seed, eval_episodes)
     if model.finetune == "full":
         return policy, summary
     save_hf_model(policy, base_dir)
