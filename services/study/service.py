@@ -169,10 +169,13 @@ def plan(session: Session, study: Study) -> Plan:
 def warm_group(cfg: RunConfig) -> str | None:
     """What a run's warm start depends on (as services/trainer/warmcache.py keys it, less the
     code and model files): runs with one group share one cached warm start. None: no cache."""
+    from services.trainer.warmcache import warm_env
+
     if cfg.init.kind != "warm_start" or not cfg.init.cache:
         return None
     recipe = cfg.init.model_dump(mode="json", exclude={"kind", "checkpoint", "cache"})
-    key = [cfg.task, cfg.seed, cfg.model.model_dump(mode="json"), cfg.env.model_dump(), recipe]
+    env = warm_env(cfg.env).model_dump()
+    key = [cfg.task, cfg.seed, cfg.model.model_dump(mode="json"), env, recipe]
     return json.dumps(key, sort_keys=True, default=str)
 
 

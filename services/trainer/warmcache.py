@@ -1,8 +1,9 @@
 """Warm-start cache: a run whose warm start was already paid reuses its result in seconds.
 
 A warm start (vision warm-up + oracle SFT) is a pure function of the base model, the task and
-its env settings, the ``[init]`` recipe, the seed and the code of the recipe: the cache keys an
-entry by the sha256 of exactly those (``warm_start_key``). An entry is a folder
+its env settings (less the training loop's early-truncation rule: ``warm_env``), the ``[init]``
+recipe, the seed and the code of the recipe: the cache keys an entry by the sha256 of exactly
+those (``warm_start_key``). An entry is a folder
 ``<cache>/warmstart/<key>/`` holding ``model/`` (a policy checkpoint under full fine-tuning, the
 fine-tuned HF model folder under LoRA) and ``meta.json`` (the key's inputs, the stage metrics,
 the seconds the warm start took). Entries are written to a temporary folder and renamed, so
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.schemas import RunConfig
+from shared.schemas import EnvConfig, RunConfig
 from shared.settings import get_settings
 
 if TYPE_CHECKING:
@@ -54,6 +55,14 @@ class WarmStartInfo:
             "seconds": round(self.seconds, 3),
             "built_seconds": round(self.built_seconds, 3),
         }
+
+
+def warm_env(env: EnvConfig) -> EnvConfig:
+    """The env a warm start plays in: the run's, with no early truncation. Truncation is a rule
+    of the training loop (GTR's truncates, RL4VLM's does not); the warm start is the expert's
+    play before any loop, so the arms of one task and seed share it, as the paper's methods
+    share their SFT checkpoint. Changing this changes warm starts: bump RECIPE_VERSION."""
+    return env.model_copy(update={"early_truncation": "off"})
 
 
 def cache_root() -> Path:
@@ -92,7 +101,7 @@ def key_inputs(cfg: RunConfig, base: Path) -> dict[str, Any]:
         "model": cfg.model.model_dump(mode="json"),
         "base_model": model_fingerprint(base),
         "task": cfg.task,
-        "env": cfg.env.model_dump(mode="json"),
+        "env": warm_env(cfg.env).model_dump(mode="json"),
         "recipe": recipe,
         "seed": cfg.seed,
         "code": recipe_code_version(),

@@ -39,6 +39,28 @@ def test_key_covers_model_task_recipe_seed_and_code(tiny_dir: Path) -> None:
     assert len(inputs["code"]) == 64 and inputs["base_model"] and inputs["seed"] == 0
 
 
+def test_the_training_loops_truncation_rule_is_not_the_warm_starts(tiny_dir: Path) -> None:
+    """GTR's loop truncates, RL4VLM's does not: the arms of one seed still share a warm start,
+    played with no truncation (warm_env), so the study schedules one (warm_group)."""
+    from services.study.service import warm_group
+    from services.trainer.warmcache import warm_env
+
+    base = _cfg(tiny_dir)
+    for rule in ("reference", "solver"):
+        other = base.model_copy(
+            update={"env": base.env.model_copy(update={"early_truncation": rule})}
+        )
+        assert warm_start_key(key_inputs(other, tiny_dir)) == warm_start_key(
+            key_inputs(base, tiny_dir)
+        )
+        assert warm_group(other) == warm_group(base) is not None
+        assert warm_env(other.env).early_truncation == "off"
+        assert warm_env(other.env).model_dump() == {
+            **other.env.model_dump(),
+            "early_truncation": "off",
+        }
+
+
 def test_second_run_reuses_the_warm_start_and_says_so(db, tiny_dir: Path) -> None:
     from services.cli import main
     from services.policy.checkpoint import read_checkpoint_meta
