@@ -88,6 +88,53 @@ def study_run(file: Path, jobs: int) -> None:
     sys.exit(0 if ok else 1)
 
 
+@study.command("plan")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def study_plan(file: Path) -> None:
+    """List a study's runs and warm starts without running anything (nothing is written)."""
+    for line in plan_lines(load_study(file)):
+        click.echo(line)
+
+
+def plan_lines(cfg: StudyConfig) -> list[str]:
+    """The grid as `gtr study plan` prints it: runs per task, variant and arm, the env steps,
+    and the warm starts the runs will build (one per distinct recipe, env and seed)."""
+    from collections import Counter
+
+    from services.study.service import warm_group
+
+    cells = cfg.cells()
+    configs = {cell: cfg.run_config(cell) for cell in cells}
+    steps = sum(c.total_env_steps for c in configs.values())
+    lines = [
+        f"study {cfg.name}: {len(cells)} runs, {steps:,} env steps, primary {cfg.primary.label()}"
+    ]
+    per = Counter((c.task, c.variant, c.arm) for c in cells)
+    for task in cfg.tasks:
+        seeds = cfg.seeds_of(task)
+        lines.append(f"task {task}: seeds {', '.join(map(str, seeds))}")
+        for variant in list(cfg.variants) or [""]:
+            arms = [a for a in cfg.arms if per.get((task, variant, a))]
+            if arms:
+                label = f"variant {variant}" if variant else "no variant"
+                lines.append(f"  {label}: {_runs(per, task, variant, arms)}")
+        shared = [a for a in cfg.shared_arms if cfg.variants and per.get((task, "", a))]
+        if shared:
+            lines.append(f"  no variant, shared by every variant: {_runs(per, task, '', shared)}")
+    # Runs with init.cache = false build their own warm start each.
+    uncached = [c for c in configs.values() if c.init.kind == "warm_start" and not c.init.cache]
+    warm = len({warm_group(c) for c in configs.values()} - {None}) + len(uncached)
+    lines.append(
+        f"warm starts to build: {warm} (runs of one task and seed share one when their "
+        "model, env settings less early truncation, and [init] recipe agree)"
+    )
+    return lines
+
+
+def _runs(per: Any, task: str, variant: str, arms: list[str]) -> str:
+    return ", ".join(f"{arm} {per[(task, variant, arm)]}" for arm in arms)
+
+
 def _preflight(cfg: StudyConfig) -> None:
     """What `gtr train` checks before a run exists (paths, corrector), for every cell."""
     from services.controller.preflight import PreflightError, preflight

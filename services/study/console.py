@@ -93,6 +93,8 @@ def report_renderable(report: StudyReport) -> RenderableType:
         title = Text(f"\ntask {g.task}", style="bold underline")
         if g.variant:
             title.append(f" · variant {g.variant}")
+        if g.shared_arms:  # their runs are the same in every variant's group
+            title.append(f" ({', '.join(g.shared_arms)}: no variant, shared by all)", style="dim")
         ds = g.deal_space
         space = Text(
             f"deal space: {ds.size if ds.size is not None else 'not counted'}; "

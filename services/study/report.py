@@ -141,7 +141,10 @@ class CellRun(BaseModel):
 
 
 class Progress(BaseModel):
-    cells: int = Field(description="Runs the grid holds (one per task, arm, variant, seed)")
+    cells: int = Field(
+        description="Runs the grid holds: one per task, arm, variant and seed (a shared arm: "
+        "one per task and seed)"
+    )
     waiting: int = Field(description="Cells without a run yet, or waiting for their retry")
     queued: int
     running: int
@@ -155,6 +158,10 @@ class GroupReport(BaseModel):
     task: str
     variant: str = Field(description="'' when the study has no variants")
     arms: list[str]
+    shared_arms: list[str] = Field(
+        default_factory=list,
+        description="Arms whose one run per seed (no variant) stands in every variant's group",
+    )
     primary: MetricBlock
     secondary: list[MetricBlock] = Field(description="Secondary and collapse metrics")
     curves: list[Curve]
@@ -191,7 +198,10 @@ def build_report(session: Session, study_id: int, team: str | None = None) -> St
     groups = []
     for (task, variant), cell_runs in _groups(spec, latest).items():
         arms = _arm_order(spec, cell_runs)
-        groups.append(_group(session, task, variant, arms, cell_runs, blocks, curves))
+        group = _group(session, task, variant, arms, cell_runs, blocks, curves)
+        if spec is not None and variant:
+            group.shared_arms = [a for a in spec.shared_arms if a in arms]
+        groups.append(group)
     return StudyReport(
         id=study.id,
         name=study.name,
@@ -273,14 +283,27 @@ def _metric_specs(
 def _groups(
     spec: StudyConfig | None, latest: dict[tuple[str, str, str, int], Run]
 ) -> dict[tuple[str, str], dict[tuple[str, int], Run]]:
-    """(task, variant) -> (arm, seed) -> run, in the study file's order of tasks and variants."""
+    """(task, variant) -> (arm, seed) -> run, in the study file's order of tasks and variants.
+    A shared arm's run (one per task and seed, no variant) is in every variant's group: the
+    variants' arms are compared with it there."""
     out: dict[tuple[str, str], dict[tuple[str, int], Run]] = {}
+    variants = list(spec.variants) if spec is not None else []
+    shared = set(spec.shared_arms) if spec is not None and variants else set()
     if spec is not None:
         for task in spec.tasks:
-            for variant in list(spec.variants) or [""]:
+            for variant in variants or [""]:
                 out[(task, variant)] = {}
+    stand_ins = []
     for (task, variant, arm, seed), run in latest.items():
-        out.setdefault((task, variant), {})[(arm, seed)] = run
+        if arm in shared and variant == "":
+            stand_ins.append((task, arm, seed, run))
+        else:
+            out.setdefault((task, variant), {})[(arm, seed)] = run
+    # After the variants' own runs: where an edited file made an arm shared, its shared run
+    # (the cell the grid holds now) wins over the runs it had under each variant before.
+    for task, arm, seed, run in stand_ins:
+        for variant in variants:
+            out.setdefault((task, variant), {})[(arm, seed)] = run
     return out
 
 

@@ -2,8 +2,10 @@
 
 A study file is TOML, validated field by field like a run config (a clear message naming the
 field). Each task names a base run config; an arm or a variant is an overlay of it (a partial
-run config merged key by key). The primary metric, and how a run's curve is reduced to one
-score, is declared here before any run starts and frozen with the study.
+run config merged key by key). A shared arm (`shared_arms`) is one no variant changes: it runs
+once per task and seed, and that run stands in every variant's comparisons. The primary
+metric, and how a run's curve is reduced to one score, is declared here before any run starts
+and frozen with the study.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ MAX_CELLS = 2000  # runs in one study: a typo in seeds should not queue a millio
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _check_seeds(value: list[int]) -> list[int]:
+    for s in value:
+        if not 0 <= s <= 2**31 - 1:
+            raise ValueError(f"seed {s} is outside 0..2147483647")
+    if len(set(value)) != len(value):
+        raise ValueError("seeds repeat: each seed is one independent run per cell")
+    return value
 
 
 def _check_name(value: str, what: str) -> str:
@@ -88,11 +99,23 @@ class TaskSpec(_Strict):
         default_factory=dict,
         description="Base run config fields inline (merged over `config` when both are given)",
     )
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="This task's run seeds, when they differ from the study's `seeds` "
+        "(e.g. fewer on a costlier task); None = the study's",
+    )
 
     @field_validator("base")
     @classmethod
     def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_free_form(value, "base")
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int] | None) -> list[int] | None:
+        return None if value is None else _check_seeds(value)
 
 
 class BudgetSpec(_Strict):
@@ -127,6 +150,14 @@ class StudyConfig(_Strict):
         description="Variant name -> overlay applied after the arm's (e.g. a corrector noise); "
         "none = one unnamed variant",
     )
+    shared_arms: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Arms no variant changes (e.g. rl4vlm, which calls no corrector, beside "
+        "corrector variants): each runs once per task and seed with no variant's overlay, and "
+        "that run stands in every variant's comparisons. Refused where a variant would change "
+        "such an arm's run",
+    )
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     primary: MetricSpec = Field(
         default_factory=lambda: MetricSpec(metric="eval/success_rate"),
@@ -151,12 +182,7 @@ class StudyConfig(_Strict):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, value: list[int]) -> list[int]:
-        for s in value:
-            if not 0 <= s <= 2**31 - 1:
-                raise ValueError(f"seed {s} is outside 0..2147483647")
-        if len(set(value)) != len(value):
-            raise ValueError("seeds repeat: each seed is one independent run per cell")
-        return value
+        return _check_seeds(value)
 
     @field_validator("tasks", "arms", "variants")
     @classmethod
@@ -177,7 +203,11 @@ class StudyConfig(_Strict):
                     f"tasks.{name}.config: a file is read only by the CLI (gtr study run/create "
                     f"inline it); give the run config as tasks.{name}.base"
                 )
-        cells = len(self.tasks) * len(self.arms) * max(len(self.variants), 1) * len(self.seeds)
+        self._check_shared_names()
+        per_seed = len(self.shared_arms) + (len(self.arms) - len(self.shared_arms)) * max(
+            len(self.variants), 1
+        )
+        cells = sum(len(self.seeds_of(task)) for task in self.tasks) * per_seed
         if cells > MAX_CELLS:
             raise ValueError(f"the study has {cells} runs; the limit is {MAX_CELLS}")
         names = [m.metric for m in [self.primary, *self.secondary]]
@@ -191,18 +221,54 @@ class StudyConfig(_Strict):
                 f"the study's runs take {steps:,} env steps; budget.max_env_steps is "
                 f"{self.budget.max_env_steps:,}"
             )
+        self._check_shared_runs()
         return self
+
+    def _check_shared_names(self) -> None:
+        for name in self.shared_arms:
+            if name not in self.arms:
+                raise ValueError(
+                    f"shared_arms: {name!r} is not an arm of the study (its arms: "
+                    f"{', '.join(repr(a) for a in self.arms)})"
+                )
+        if len(set(self.shared_arms)) != len(self.shared_arms):
+            raise ValueError("shared_arms: an arm is listed twice")
+
+    def _check_shared_runs(self) -> None:
+        """A shared arm's one run stands in for its run under every variant: each variant
+        must leave that run as it is (a setting the run does not use, such as the corrector
+        of an arm that calls none, may differ)."""
+        for task in self.tasks:
+            seed = self.seeds_of(task)[0]
+            for arm in self.shared_arms:
+                alone = _what_runs(self.run_config(Cell(task, arm, seed)))
+                for variant in self.variants:
+                    varied = _what_runs(self.run_config(Cell(task, arm, seed, variant)))
+                    where = _first_difference(alone, varied)
+                    if where is not None:
+                        raise ValueError(
+                            f"shared_arms: variant {variant!r} changes the run of arm {arm!r} "
+                            f"on task {task!r} ({where}), so one run cannot stand in for both; "
+                            f"take {arm!r} out of shared_arms to run it under every variant"
+                        )
+
+    def seeds_of(self, task: str) -> list[int]:
+        """The task's run seeds: its own `seeds`, else the study's."""
+        return self.tasks[task].seeds or self.seeds
 
     def cells(self) -> list[Cell]:
         """Every run of the study, task by task, seed by seed, arm by arm: the arms of one
-        seed are adjacent, so a warm start built for the first is reused by the others."""
+        seed are adjacent, so a warm start built for the first is reused by the others. A
+        shared arm has one cell per task and seed, with no variant, among the first variant's."""
         variants = list(self.variants) or [""]
+        shared = set(self.shared_arms)
         return [
-            Cell(task, arm, seed, variant)
+            Cell(task, arm, seed, "" if arm in shared else variant)
             for task in self.tasks
-            for seed in self.seeds
-            for variant in variants
+            for seed in self.seeds_of(task)
+            for i, variant in enumerate(variants)
             for arm in self.arms
+            if arm not in shared or i == 0
         ]
 
     def run_config(self, cell: Cell) -> RunConfig:
@@ -245,6 +311,26 @@ class Cell:
     def describe(self) -> str:
         v = f", variant {self.variant!r}" if self.variant else ""
         return f"task {self.task!r}, arm {self.arm!r}{v}, seed {self.seed}"
+
+
+def _what_runs(cfg: RunConfig) -> dict[str, Any]:
+    """The settings that decide what a run does: its config less its name, and less the
+    corrector's settings when it calls no corrector."""
+    out = cfg.model_dump(mode="json", exclude={"name"})
+    if not cfg.uses_corrector:
+        del out["corrector"]
+    return out
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The dotted path of the first value that differs between a and b, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            where = _first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+            if where is not None:
+                return where
+        return None
+    return None if a == b else (path or "config")
 
 
 def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

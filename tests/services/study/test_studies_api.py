@@ -84,6 +84,8 @@ def _studies() -> int:
         ({"arms": {" ": {}}}, "arms", "must not be blank"),
         ({"budget": {"updates": 5, "max_env_steps": 10}}, "body", "budget.max_env_steps"),
         ({"eval_episodes": 0}, "eval_episodes", "greater than or equal to 1"),
+        ({"shared_arms": ["nope"]}, "body", "shared_arms: 'nope' is not an arm of the study"),
+        ({"tasks": {"numberline": {"base": BASE, "seeds": [1, 1]}}}, "seeds", "seeds repeat"),
     ],
 )
 def test_a_bad_study_is_a_422_naming_the_field_and_stores_nothing(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.api.auth import create_token
 from services.controller.loop import drive
@@ -32,10 +33,16 @@ class TinyStudy:
     seeds: tuple[int, ...]
 
 
-def run_tiny_study(team: str, seeds: tuple[int, ...] = (1, 2)) -> TinyStudy:
+def run_tiny_study(
+    team: str,
+    seeds: tuple[int, ...] = (1, 2),
+    variants: dict[str, dict[str, Any]] | None = None,
+    shared_rl4vlm: bool = False,
+) -> TinyStudy:
     """Two arms (GTR, RL4VLM) x `seeds` on NumberLine: the session's default tiny model, no
     warm start, episodes of at most 3 steps, 1 update of 2 envs x 4 steps, evaluated on 4 deals
-    after it; the probe collapse metrics (2 probe states) are recorded too."""
+    after it; the probe collapse metrics (2 probe states) are recorded too. ``variants`` and
+    ``shared_rl4vlm`` (the RL4VLM arm in `shared_arms`) as a study file gives them."""
     base = tiny_run(Path("unused"), envs=2, steps=4, updates=1)
     base["init"] = {"kind": "none"}
     # Episodes of an untrained policy run to truncation: 3 steps keep its evaluation short.
@@ -51,6 +58,8 @@ def run_tiny_study(team: str, seeds: tuple[int, ...] = (1, 2)) -> TinyStudy:
             "eval_episodes": 4,
             "concurrency": 4,
             "secondary": [{"metric": "eval/episode_return"}],
+            "variants": variants or {},
+            "shared_arms": [HOSTILE_ARM] if shared_rl4vlm else [],
         }
     )
     with session_scope() as s:
