@@ -1,16 +1,18 @@
 """The parts of a forward pass that ``Policy.generate`` and ``Policy.score`` share: responses
 padded and appended to the prompt, each token's log-prob and entropy, the final norm's hidden
-state captured for the value head, and a sampled row turned into a ``Generation``."""
+state captured for the value head and the value read from it, and a sampled row turned into a
+``Generation``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
+from services.policy.last_layer import ResponseLastLayer
 from services.policy.loading import QWEN_TYPES
 from services.policy.schemas import Generation
 from services.policy.spans import token_spans
@@ -63,11 +65,16 @@ def token_stats(
 
 @contextmanager
 def last_hidden(
-    final_norm: nn.Module, position: int, image: torch.Tensor | None
+    final_norm: nn.Module,
+    position: int,
+    image: torch.Tensor | None,
+    last_layer: ResponseLastLayer | None = None,
 ) -> Iterator[list[tuple[torch.Tensor, torch.Tensor | None]]]:
     """Capture the LM's last-layer hidden state (final norm output) at `position`, first call,
     and, where ``image`` marks the prompt's image tokens (B, P, 1) for the image-reading value
-    head, its mean over them.
+    head, its mean over them. With ``last_layer`` (score's forward, whose logits are those of
+    `position` on) that layer computes only these positions and the ones after `position`
+    (services/policy/last_layer.py).
 
     A hook instead of `output_hidden_states`, which would keep every layer of the prompt.
     """
@@ -83,9 +90,18 @@ def last_hidden(
 
     handle = final_norm.register_forward_hook(hook)
     try:
-        yield captured
+        with last_layer.active(position, image) if last_layer is not None else nullcontext():
+            yield captured
     finally:
         handle.remove()
+
+
+def value_of(
+    head: nn.Module, hidden: torch.Tensor, image: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The value head on what ``last_hidden`` captured: (B, d) or, with the image mean, (B, 2d)."""
+    x = hidden if image is None else torch.cat([hidden, image], dim=-1)
+    return head(x.float()).squeeze(-1).float()  # (B,); fp32 under autocast too
 
 
 def generation_of(

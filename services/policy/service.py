@@ -17,7 +17,8 @@ Interface (stable; the trainer and controller code against it):
   ``token_ids`` are the response tokens, EOS included when produced. ``value`` is the value head
   on the last-layer hidden state of the last prompt token. Speed switches, each the same model
   and distribution (docs/benchmarks.md): ``grow_kv_cache`` (kv_cache.py), ``cdf_sampling``
-  (sampling.py), ``transposed_linears`` (transposed_linears.py, CPU only; None turns it off).
+  (sampling.py), ``transposed_linears`` (transposed_linears.py, CPU only; None turns it off);
+  for ``score``, ``response_last_layer`` (last_layer.py; None turns it off).
 - Spans: ``thought_mask`` = tokens wholly before the last ``"action":`` key; ``action_mask`` =
   from the token that holds that key's first character to the end, EOS excluded. Found from the
   decoded text's character offsets, never from token ids. No key: ``has_action=False``,
@@ -69,6 +70,7 @@ from services.policy.checkpoint import (
     save_policy,
 )
 from services.policy.heads import GeneratedRepetitionPenalty, image_token_id, make_value_head
+from services.policy.last_layer import ResponseLastLayer
 from services.policy.loading import (
     add_lora,
     autocast,
@@ -87,6 +89,7 @@ from services.policy.scoring import (
     last_hidden,
     pad_responses,
     token_stats,
+    value_of,
     with_response,
 )
 from services.policy.spans import token_spans
@@ -161,6 +164,9 @@ class Policy:
         self.transposed_linears = (
             TransposedLinears(self._decode_linears()) if device.type == "cpu" else None
         )
+        # Score with the last decoder layer only where score reads it (last_layer.py); None:
+        # every position, as HF runs it (also for a layer that module does not handle).
+        self.response_last_layer = ResponseLastLayer.of(language_model(self.base_model))
         self._lock = threading.RLock()
         self.model.eval()
 
@@ -325,7 +331,7 @@ class Policy:
                     logits_processor=processors,
                     **self._cache_kwargs(),
                 )
-            values = self._value(*hidden[0])
+            values = value_of(self.value_head, *hidden[0])
             logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw
             new = out.sequences[:, prompt_len:]
             logp, ent = token_stats(logits, new, temperature, self.suppress_ids)
@@ -373,10 +379,11 @@ class Policy:
             self.model.train(with_grad)
             try:
                 amp = autocast(self.device, self.amp)
-                reads = last_hidden(self._final_norm, prompt_len - 1, self._image_mask(inputs))
+                at, image = prompt_len - 1, self._image_mask(inputs)
+                reads = last_hidden(self._final_norm, at, image, self.response_last_layer)
                 with grad, amp, reads as hidden:
                     out = self.model(**full, use_cache=False, logits_to_keep=resp.shape[1] + 1)
-                    values = self._value(*hidden[0])
+                    values = value_of(self.value_head, *hidden[0])
                     logits = out.logits[:, :-1].float()  # position P-1+t predicts token t
                     logp, ent = token_stats(logits, resp, temperature, self.suppress_ids)
             finally:
@@ -393,10 +400,6 @@ class Policy:
         if self.value_kind != "mlp+image":
             return None
         return (inputs["input_ids"] == self._image_token).unsqueeze(-1)
-
-    def _value(self, hidden: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
-        x = hidden if image is None else torch.cat([hidden, image], dim=-1)  # (B, d) or (B, 2d)
-        return self.value_head(x.float()).squeeze(-1).float()  # (B,); autocast gives bf16
 
     # ---- helpers for the trainer --------------------------------------------------------------
 
