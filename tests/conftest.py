@@ -158,15 +158,52 @@ def db(pg_url: str) -> Iterator:
         session.close()
 
 
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder every pytest-xdist worker of this session shares (the session's own
+    without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+@contextmanager
+def _session_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across the processes of the session (pytest-xdist workers)."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def default_model_dir() -> Path:
+def default_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny model (1M LLaVA, 64 px, the envs' corpus), built once per session into
     the session's model folder, where every run without ``model.path`` finds it (the warm
     checkpoint, the stacks' policy services). A test with a data folder of its own points
-    GTR_MODEL_DIR at ``default_model_dir.parent`` rather than build it again (~7 s of CPU)."""
-    from services.controller.stack import default_model
+    GTR_MODEL_DIR at ``default_model_dir.parent`` rather than build it again (~7 s of CPU).
+    Under pytest-xdist one worker builds it; the other copies that build (``build_tiny`` is
+    deterministic) into its own model folder."""
+    import shutil
 
-    return default_model()
+    from services.controller.stack import default_model
+    from shared.settings import get_settings
+
+    shared = _shared_dir(tmp_path_factory) / "default-model"
+    with _session_lock(shared.with_suffix(".lock")):
+        built = sorted(shared.glob("*/config.json"))
+        if not built:
+            model = default_model()
+            shutil.copytree(model, shared / model.name)
+            return model
+    own = get_settings().models_path / built[0].parent.name
+    if not (own / "config.json").exists():
+        shutil.copytree(built[0].parent, own, dirs_exist_ok=True)
+    model = default_model()
+    assert model == own, (model, own)
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -177,11 +214,29 @@ def tiny_model_dir(default_model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def warm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short warm start shared by every test run of the session."""
+def warm_checkpoint(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """One short warm start shared by every test run of the session.
+
+    Under pytest-xdist the first worker that needs it builds it (~30 s of CPU, more on a busy
+    machine) in the folder the workers share; the other copies it and points it at its own
+    default model, which is the same build (``build_tiny`` is deterministic and a full checkpoint
+    holds every weight), so each worker gets the checkpoint it would have built itself."""
+    import shutil
+
     from tests.e2e.helpers import make_warm_checkpoint
 
-    return make_warm_checkpoint(tmp_path_factory.mktemp("warm"))
+    shared = _shared_dir(tmp_path_factory) / "warm-shared"
+    with _session_lock(shared.with_suffix(".lock")):
+        if not (shared / "policy" / "policy.json").exists():
+            make_warm_checkpoint(shared)
+    meta = json.loads((shared / "policy" / "policy.json").read_text())
+    if meta["base_model"] == str(default_model_dir):
+        return shared / "policy"
+    assert Path(meta["base_model"]).name == default_model_dir.name, meta
+    own = tmp_path_factory.mktemp("warm") / "policy"
+    shutil.copytree(shared / "policy", own)
+    (own / "policy.json").write_text(json.dumps({**meta, "base_model": str(default_model_dir)}))
+    return own
 
 
 # Tracking in the real run feeds tests/e2e/test_observe.py (each tracker read back by its own
