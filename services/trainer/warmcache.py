@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.schemas import EnvConfig, RunConfig
+from services.trainer.warmenv import warm_env
+from shared.schemas import RunConfig
 from shared.settings import get_settings
 
 if TYPE_CHECKING:
@@ -55,14 +56,6 @@ class WarmStartInfo:
             "seconds": round(self.seconds, 3),
             "built_seconds": round(self.built_seconds, 3),
         }
-
-
-def warm_env(env: EnvConfig) -> EnvConfig:
-    """The env a warm start plays in: the run's, with no early truncation. Truncation is a rule
-    of the training loop (GTR's truncates, RL4VLM's does not); the warm start is the expert's
-    play before any loop, so the arms of one task and seed share it, as the paper's methods
-    share their SFT checkpoint. Changing this changes warm starts: bump RECIPE_VERSION."""
-    return env.model_copy(update={"early_truncation": "off"})
 
 
 def cache_root() -> Path:
