@@ -228,6 +228,24 @@ def _probe_outcome(level: str, answer: str) -> CorrectorError | None:
     return None
 
 
+def _fits(content: str, schema: dict[str, Any]) -> bool:
+    """Whether an answer has the shape a schema-constraining decoder gives: one bare JSON object
+    with the required keys and allowed enum values. An answer of that shape that still fails
+    (evaluation NO without a correction) is the model's own mistake, not a server ignoring the
+    schema, and must not switch the prompt."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return False
+    if not isinstance(value, dict) or any(k not in value for k in schema.get("required", [])):
+        return False
+    return all(
+        value[k] in prop["enum"]
+        for k, prop in schema.get("properties", {}).items()
+        if "enum" in prop and k in value
+    )
+
+
 @dataclass(frozen=True)
 class _Call:
     tools: bool  # offer the solver tool in this request
@@ -281,7 +299,8 @@ class OpenAICorrector(_Remote):
         try:
             return to_correction(req.task, content, keys)
         except CorrectorError:
-            if constrained and self.schema_enforced is not False:
+            schema = answer_schema(req.task, keys)
+            if constrained and self.schema_enforced is not False and not _fits(content, schema):
                 # A schema-constrained decoder cannot write this: the server ignores the field.
                 self.schema_enforced = False
                 log.warning(

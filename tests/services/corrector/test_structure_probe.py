@@ -91,6 +91,25 @@ def test_without_a_probe_the_first_stray_answer_switches_the_prompt(
     assert SCHEMA_SAID not in _system(first) and SCHEMA_SAID in _system(second)
 
 
+def test_a_wrong_answer_in_the_schema_does_not_switch_the_prompt(fake_openai: FakeOpenAI) -> None:
+    """A server that enforces the schema (llama.cpp's grammar) can still carry a model's own
+    mistake: NO without a correction fits the schema. That answer fails with its reason, but the
+    server is not taken for one that ignores the schema."""
+    no_fix = json.dumps({**YES, "evaluation": "NO"})
+    fake_openai.then(chat('{"probe": "kiwi-7"}'), chat(no_fix), chat(json.dumps(YES)))
+    corrector = OpenAICorrector(fake_openai.url, "m", None, {"max_retries": 0})
+    corrector.probe()
+    try:
+        corrector.correct(_request())
+        raise AssertionError("NO without a correction must fail")
+    except CorrectorError as e:
+        assert e.reason == "evaluation is NO but 'correction' is no JSON object"
+    assert corrector.schema_enforced is True
+    assert corrector.correct(_request()).verdict == "correct"
+    last = fake_openai.requests[-1]["json"]
+    assert last["response_format"]["type"] == "json_schema" and SCHEMA_SAID not in _system(last)
+
+
 def _register(fake: FakeOpenAI) -> str:
     name = f"probe-{fake.url.split('/')[-2]}"
     added = CliRunner().invoke(corrector_cli, ["add", name, "--base-url", fake.url, "--model", "m"])
