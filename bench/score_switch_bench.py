@@ -28,9 +28,11 @@ import click
 def main(rounds: int, batch: int, value_head: str) -> None:
     from services.env.expert import expert_output
     from services.env.registry import make_env
+    from services.policy import last_layer
     from services.policy.service import Policy
     from services.policy.tiny import build_tiny
 
+    last_layer.ENABLED = True  # off by default: the bench measures it on and off
     path = build_tiny(tempfile.mkdtemp(), "llava", "1m", image_size=96)
     policy = Policy.load(path, finetune="full", value_head=value_head)
     held = policy.response_last_layer

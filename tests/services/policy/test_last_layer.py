@@ -25,6 +25,14 @@ from .conftest import PROMPTS
 RESPONSES = ['{"thoughts": "go up", "action": "+"}', '{"action": "-"}', "x"]
 
 
+@pytest.fixture(autouse=True)
+def _switch_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch is off by default (last_layer.ENABLED): these tests build it on purpose."""
+    from services.policy import last_layer
+
+    monkeypatch.setattr(last_layer, "ENABLED", True)
+
+
 def _policy(path: Path, finetune: str, value_head: str = "linear") -> Policy:
     """A policy whose every trained piece counts: LoRA's B, the biases and the value head start
     at 0 in a fresh model, which would hide a wrong gradient or a wrong read behind zeros."""
