@@ -18,10 +18,20 @@ class PreflightError(ValueError):
 
 def preflight(cfg: RunConfig) -> None:
     """Raise PreflightError on the first problem a run would hit at start-up."""
-    if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
-        raise PreflightError(f"model.path: no model folder at {cfg.model.path}")
-    if cfg.init.kind == "checkpoint" and not Path(str(cfg.init.checkpoint)).is_dir():
-        raise PreflightError(f"init.checkpoint: no checkpoint folder at {cfg.init.checkpoint}")
+    model = Path(cfg.model.path) if cfg.model.path is not None else None
+    if model is not None and not model.is_dir():
+        raise PreflightError(f"model.path: no model folder at {model}")
+    if model is not None and not (model / "config.json").is_file():
+        raise PreflightError(f"model.path: {model} holds no config.json (a Hugging Face model)")
+    if cfg.init.kind == "checkpoint":
+        ck = Path(str(cfg.init.checkpoint))
+        if not ck.is_dir():
+            raise PreflightError(f"init.checkpoint: no checkpoint folder at {ck}")
+        if not (ck / "policy.json").is_file() and not (ck / "config.json").is_file():
+            raise PreflightError(
+                f"init.checkpoint: {ck} is neither a policy checkpoint (policy.json) nor a "
+                "model folder (config.json)"
+            )
     if cfg.model.backend == "vllm":
         _check_vllm()
     _check_corrector(cfg)

@@ -74,6 +74,15 @@ def _runs_named(name: str) -> int:
             'name = "{name}"\ntask = "numberline"\n[init]\nkind = "checkpoint"\ncheckpoint = "c"\n',
             "no checkpoint folder at {tmp}/c",
         ),
+        # folders that exist but hold no model: the run's own folder
+        (
+            'name = "{name}"\ntask = "numberline"\n[model]\npath = "."\n',
+            "holds no config.json (a Hugging Face model)",
+        ),
+        (
+            'name = "{name}"\ntask = "numberline"\n[init]\nkind = "checkpoint"\ncheckpoint = "."\n',
+            "is neither a policy checkpoint (policy.json) nor a model folder (config.json)",
+        ),
         (ALFWORLD.replace("{games}", ".") + 'backend = "3d"\n', "env.options"),
     ],
 )
