@@ -218,8 +218,10 @@ def test_open_page_converges_to_a_reload(watched: Watched) -> None:
     assert live["notices"] == []  # no cancel pending, no "queued again" after the end
     # The page followed the phases as they came.
     seen = " | ".join(watched.page_phases)
-    # A phase shorter than the page's poll may go unseen (a rollout of 8 steps): not asserted.
-    assert "queued" in seen and "warm start" in seen and "training" in seen
+    # A phase shorter than the page's poll may go unseen (a rollout of 8 steps, a tiny update's
+    # training): an update's phase must show, not each of them.
+    assert "queued" in seen and "warm start" in seen, seen
+    assert any(p in seen for p in ("rollout", "training", "evaluating")), seen
     assert not watched.js_errors
 
 
