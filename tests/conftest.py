@@ -355,6 +355,21 @@ def free_port() -> int:
     return free_ports(1)
 
 
+def wait_serving(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:  # type: ignore[type-arg]
+    """Until ``url``/healthz answers 200; fails if ``proc`` (the server) exits or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, f"{url} did not start"
+        time.sleep(0.3)
+
+
 @contextmanager
 def live_server(app, port: int | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """Serve an ASGI app with a real uvicorn server in a thread; yields its base URL."""

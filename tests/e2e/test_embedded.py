@@ -8,7 +8,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from shared.db.migrate import downgrade, upgrade
 from shared.db.models import EvalOutcome, Run, Step
 from shared.db.session import session_scope
 from shared.seeds import eval_seed
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_serving
 from tests.e2e.helpers import ROOT, counts, tiny_config
 from tests.services.api.search_checks import HOSTILE, check_search, key_words
 
@@ -203,15 +202,7 @@ def _search_over_http(tmp_path: Path) -> None:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "gtr serve did not start"
-            time.sleep(0.3)
+        wait_serving(base, proc)
         api, auth = f"{base}/api/runs/1/steps", {"Authorization": f"Bearer {token}"}
         page, cookies = f"{base}/runs/1/steps", {"gtr_token": token}
 

@@ -38,7 +38,7 @@ from shared.db.session import session_scope
 from shared.paths import GAMES_NOT_FOUND
 from shared.settings import Settings, get_settings
 from shared.toml import NoToml, dumps
-from tests.conftest import RealRun, free_port, live_server, need
+from tests.conftest import RealRun, free_port, live_server, need, wait_serving
 from tests.services.corrector.conftest import FakeOpenAI, chat
 from tests.services.corrector.helpers import make_step
 
@@ -209,15 +209,7 @@ def test_gtr_serve_believes_no_forwarded_address_by_default(pg_url: str) -> None
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "gtr serve did not start"
-            time.sleep(0.3)
+        wait_serving(url, proc)
         assert _bad_bearers(url, 7) == [401] * 5 + [429] * 2
     finally:
         proc.terminate()

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from tests.conftest import free_port
-from tests.services.corrector.conftest import FakeOpenAI
+from tests.services.corrector.conftest import FakeOpenAI, serving
 from tests.services.corrector.test_structure_probe import prose_unless_shown
 from tests.ui.conftest import login, shot
 from tests.ui.seed import Seeded
@@ -31,18 +29,11 @@ def test_admin_registers_and_tests_a_corrector(page, base_url: str, seeded: Seed
     shot(page, "correctors")
 
 
-@contextmanager
-def _ignores_response_format() -> Iterator[FakeOpenAI]:
+def _ignores_response_format() -> AbstractContextManager[FakeOpenAI]:
     """A chat server that answers 200 in prose whatever ``response_format`` asks."""
     fake = FakeOpenAI()
     fake.respond = prose_unless_shown
-    thread = threading.Thread(target=fake.server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield fake
-    finally:
-        fake.server.shutdown()
-        fake.server.server_close()
+    return serving(fake)
 
 
 def test_the_test_button_says_what_the_server_honours(page, base_url: str, seeded: Seeded) -> None:

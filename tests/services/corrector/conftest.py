@@ -10,6 +10,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -126,9 +127,9 @@ class FakeOpenAI:
         return self
 
 
-@pytest.fixture
-def fake_openai() -> Iterator[FakeOpenAI]:
-    fake = FakeOpenAI()
+@contextmanager
+def serving(fake: FakeOpenAI) -> Iterator[FakeOpenAI]:
+    """``fake`` answering on its port from a thread until the block ends."""
     thread = threading.Thread(target=fake.server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -136,3 +137,9 @@ def fake_openai() -> Iterator[FakeOpenAI]:
     finally:
         fake.server.shutdown()
         fake.server.server_close()
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    with serving(FakeOpenAI()) as fake:
+        yield fake
