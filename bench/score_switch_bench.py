@@ -32,7 +32,7 @@ def main(rounds: int, batch: int, value_head: str) -> None:
     from services.policy.service import Policy
     from services.policy.tiny import build_tiny
 
-    last_layer.ENABLED = True  # off by default: the bench measures it on and off
+    last_layer.ENABLED = True  # the bench measures it on and off, whatever the default
     path = build_tiny(tempfile.mkdtemp(), "llava", "1m", image_size=96)
     policy = Policy.load(path, finetune="full", value_head=value_head)
     held = policy.response_last_layer

@@ -100,15 +100,22 @@ def test_grpo_and_gtr_turbo_kl(pg_url: str, warm_checkpoint: Path) -> None:
     # gtr_turbo_kl: no corrector; the KL penalty against the merged teacher enters the returns.
     # Updates 0 and 1 are taught by the policy that sampled them (the warm start, then the
     # merge of checkpoint 0 alone); from update 2 the teacher is TIES(checkpoints 0, 1).
-    run_id = _run(_config(warm_checkpoint, 2, 2, updates=3, algorithm="gtr_turbo_kl"))
+    # At lr 1e-4 (not the tiny runs' 1e-3, under which this run's sampled outputs stop being
+    # well-formed by update 2, leaving no thought token to measure the KL on) the policy keeps
+    # writing formed thoughts, whatever the float rounding of the draw.
+    run_id = _run(
+        _config(warm_checkpoint, 4, 2, updates=3, algorithm="gtr_turbo_kl", train={"lr": 1e-4})
+    )
     with session_scope() as s:
         metrics = s.scalars(
             select(Update.metrics).where(Update.run_id == run_id).order_by(Update.idx)
         ).all()
         assert [m["turbo/teacher_newest_update"] for m in metrics] == [-1.0, 0.0, 1.0]
         assert [m["turbo/teacher_checkpoints"] for m in metrics] == [0.0, 1.0, 2.0]
+        assert all(m["turbo/malformed_frac"] < 1.0 for m in metrics), metrics
+        # The same weights score alike to float rounding; a merge of two checkpoints does not.
         kl = [m["turbo/kl_mean"] for m in metrics]
-        assert kl[0] < 1e-3 and kl[1] < 1e-3 and kl[2] > 1e-3, kl
+        assert kl[0] < 1e-5 and kl[1] < 1e-5 and kl[2] > 1e-4, kl
         assert not s.scalars(select(Correction.id).where(Correction.run_id == run_id)).all()
 
 

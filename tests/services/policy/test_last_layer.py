@@ -27,7 +27,7 @@ RESPONSES = ['{"thoughts": "go up", "action": "+"}', '{"action": "-"}', "x"]
 
 @pytest.fixture(autouse=True)
 def _switch_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The switch is off by default (last_layer.ENABLED): these tests build it on purpose."""
+    """These tests build the switch on purpose, whatever the module's default."""
     from services.policy import last_layer
 
     monkeypatch.setattr(last_layer, "ENABLED", True)
