@@ -1,5 +1,6 @@
 """``gtr study``: run a study here (`run`), or on the full stack over REST (`create`, `list`,
-`cancel`, `resume`), and print its verdict table (`report`)."""
+`cancel`, `resume`), print its verdict table (`report`), and carry it between stores as one file
+(`export`, `import`: services/study/bundle.py)."""
 
 from __future__ import annotations
 
@@ -231,3 +232,70 @@ def study_cancel(study_id: int, url: str | None, token: str | None) -> None:
 def study_resume(study_id: int, url: str | None, token: str | None) -> None:
     """Resume a cancelled or stopped study; finished runs are never rerun."""
     click.echo(_call(_client(url, token), "POST", f"/api/studies/{study_id}/resume")["status"])
+
+
+@study.command("export")
+@click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="The bundle to write: FILE.json.gz (gzip'd) or FILE.json.",
+)
+def study_export(study_id: int, out: Path) -> None:
+    """Write a study's file and finished runs (what its report reads) to one bundle."""
+    from services.study.bundle import export_study, write_bundle
+    from services.study.service import StudyNotFound
+    from shared.db.session import session_scope
+
+    _local_schema()
+    try:
+        with session_scope() as s:
+            bundle = export_study(s, study_id)
+    except StudyNotFound:
+        raise click.ClickException(f"study {study_id} not found") from None
+    if not out.parent.is_dir():
+        raise click.ClickException(f"no folder {out.parent} to write {out.name} in")
+    write_bundle(bundle, out)
+    done = sum(r["status"] == "completed" for r in bundle["runs"])
+    click.echo(
+        f"study {study_id}: {len(bundle['runs'])} finished runs ({done} completed) "
+        f"-> {out} ({out.stat().st_size:,} bytes)"
+    )
+
+
+@study.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--team", default=None, help="The team to own it (default: the bundle's).")
+def study_import(file: Path, team: str | None) -> None:
+    """Add a bundle's study and runs to this store; cells that have a run here are skipped."""
+    from services.study.bundle import BundleError, import_study, read_bundle
+    from shared.db.session import session_scope
+
+    _local_schema()
+    try:
+        bundle = read_bundle(file)
+        with session_scope() as s:
+            got = import_study(s, bundle, team)
+    except BundleError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(
+        f"study {got.study_id} ({'new' if got.created else 'existing'}): "
+        f"{len(got.added)} runs imported, {got.skipped} already here; "
+        f"{got.waiting} cells have no finished run"
+    )
+    if got.waiting:
+        click.echo(
+            "rerun the study file with `gtr study run FILE` here (or `gtr study resume "
+            f"{got.study_id}` on the full stack) to train them"
+        )
+
+
+def _local_schema() -> None:
+    """The embedded store is created on first use; a server's is migrated by its deploy."""
+    from shared.db.migrate import ensure_schema
+    from shared.settings import get_settings
+
+    if get_settings().database_url is None:
+        ensure_schema()

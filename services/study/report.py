@@ -485,13 +485,20 @@ def _deal_space(session: Session, task: str, runs: list[Run]) -> DealSpace:
         env = make_env(task, env_cfg.model_copy(update={"display_size": 0}), seed=int(seed))
         _, info = env.reset()
         eval_keys.add(deal_key(task, info["state"]))
-    first_states = session.scalars(
-        select(Step.state).where(Step.run_id.in_(run_ids), Step.idx == 0)
-    )
-    trained = {deal_key(task, s or {}) for s in first_states}
+    trained = set().union(*(training_deals(session, r) for r in runs))
     return DealSpace(
         size=DEAL_SPACE.get(task), eval_deals=len(deals), in_training=len(eval_keys & trained)
     )
+
+
+def training_deals(session: Session, run: Run) -> set[str]:
+    """The deals (by content) a run's training episodes started from: read from its first steps,
+    or, for a run imported from a study bundle (services/study/bundle.py), which has no steps,
+    from the keys the bundle carried."""
+    keys = {str(k) for k in (run.info or {}).get("training_deals") or []}
+    states = session.scalars(select(Step.state).where(Step.run_id == run.id, Step.idx == 0))
+    keys.update(k for k in (deal_key(run.task, s or {}) for s in states) if k is not None)
+    return keys
 
 
 def _progress(

@@ -4,11 +4,7 @@ embedded default, its evaluation deals stored from the evaluation seed space."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -20,6 +16,7 @@ from shared.db.models import EvalOutcome, Run, Study
 from shared.db.session import session_scope
 from shared.seeds import eval_seed
 from tests.e2e.helpers import ROOT
+from tests.services.study.tiny_study import gtr_cli
 
 DEMO = ROOT / "configs" / "studies" / "demo.toml"
 GOOD = """
@@ -33,19 +30,6 @@ algorithm = "gtr"
 [arms.rl4vlm]
 algorithm = "rl4vlm"
 """
-
-
-def _gtr(*args: str, env: dict[str, str | None] | None = None, timeout: float = 120) -> Any:
-    """`gtr ARGS` in a process of its own; a None in ``env`` removes that variable."""
-    full = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
-        cwd=ROOT,
-        env={k: v for k, v in full.items() if v is not None},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.mark.parametrize(
@@ -70,11 +54,11 @@ def test_a_bad_study_file_is_one_message_and_a_non_zero_exit(
 ) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(text)
-    out = _gtr("study", "run", str(bad), env={"GTR_DATA_DIR": str(tmp_path / "data")})
+    out = gtr_cli("study", "run", str(bad), env={"GTR_DATA_DIR": str(tmp_path / "data")})
     assert out.returncode != 0
     assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path / "data" / "studies").exists()  # nothing ran
-    missing = _gtr("study", "run", str(tmp_path / "none.toml"))
+    missing = gtr_cli("study", "run", str(tmp_path / "none.toml"))
     assert missing.returncode != 0 and "study file not found" in missing.stderr
 
 
@@ -93,7 +77,7 @@ def test_an_edited_primary_metric_is_refused_once_the_study_has_runs(
     try:
         edited = "primary = { metric = 'eval/success_rate', reduce = 'last_k_mean', k = 2 }\n"
         path.write_text(edited + GOOD.format(base=base))
-        out = _gtr("study", "run", str(path))
+        out = gtr_cli("study", "run", str(path))
         assert out.returncode == 1 and "Traceback" not in out.stderr
         assert f"study {study_id} ('cli-study') has runs" in out.stderr
         assert "eval/success_rate (final); it cannot become" in out.stderr
@@ -117,7 +101,7 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
         "GTR_DATABASE_URL": None,  # the embedded default: SQLite, every part in process
         "GTR_REDIS_URL": None,
     }
-    out = _gtr("study", "run", str(DEMO), "--jobs", "2", env=env, timeout=1800)
+    out = gtr_cli("study", "run", str(DEMO), "--jobs", "2", env=env, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "study 1: demo (new), 4 runs" in out.stdout and "study 1 done" in out.stdout
     assert "eval/success_rate (final)" in out.stdout  # the verdict table
@@ -140,5 +124,5 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
     # 8 deals after each of the 3 updates of each run, dealt from the evaluation seed space.
     assert len(outcomes) == 4 * 3 * 8
     assert {(o.deal, o.seed) for o in outcomes} == {(d, eval_seed(d)) for d in range(8)}
-    again = _gtr("study", "run", str(DEMO), env=env, timeout=300)  # resumes: nothing to rerun
+    again = gtr_cli("study", "run", str(DEMO), env=env, timeout=300)  # resumes: nothing to rerun
     assert again.returncode == 0 and "started" not in again.stdout, again.stdout

@@ -4,6 +4,9 @@ scheduled by services/study/service.py, each run trained in process by the contr
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ from services.study.schemas import StudyConfig
 from shared.db.models import Study
 from shared.db.session import session_scope
 from shared.settings import get_settings
-from tests.e2e.helpers import tiny_run
+from tests.e2e.helpers import ROOT, tiny_run
 
 # Hostile names: each reaches run names, tables, the page, the CSV and the terminal.
 HOSTILE_ARM = "<script>alert('arm')</script>"
@@ -80,3 +83,18 @@ def run_tiny_study(
         for run_id in queued:
             assert drive(run_id, settings=embedded) == "completed"
     return TinyStudy(study_id, team, read, other, (QUOTED_ARM, HOSTILE_ARM), seeds)
+
+
+def gtr_cli(
+    *args: str, env: dict[str, str | None] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`gtr ARGS` in a process of its own; a None in ``env`` removes that variable."""
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=ROOT,
+        env={k: v for k, v in full.items() if v is not None},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

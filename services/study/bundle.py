@@ -1,0 +1,248 @@
+"""A study as one file: `gtr study export ID --out FILE` and `gtr study import FILE`.
+
+A bundle carries what the study's report reads, and nothing else: the study file, and for each
+finished run its record, its update metrics, its per-deal evaluation outcomes and the deals its
+training episodes started from (the report's leak check). It leaves out steps, corrections,
+images and checkpoints, so a 63-run study fits in a few MB of gzip'd JSON that git can carry.
+That is how a study too long for one machine session moves on: export where it ran, import into
+the next session's store (SQLite or PostgreSQL), rerun the same study file, and only the cells
+with no finished run train. An imported run's page shows its curves but not its steps.
+
+Importing into a store that has a study of the same name and team adds the runs of cells it has
+no run for and skips the rest, so importing one bundle twice changes nothing. Functions over a
+Session that never commit: the command commits once, so a refused bundle writes nothing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import StatementError
+from sqlalchemy.orm import Session
+
+from services.study import service
+from services.study.report import training_deals
+from services.study.schemas import StudyConfig
+from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update, utcnow
+
+FORMAT = "gtr-study-bundle"
+VERSION = 1
+FINISHED = ("completed", "failed", "cancelled")  # a run in flight has no final figures yet
+# The run record's columns a bundle keeps (ids, heartbeats and live phase are the store's own).
+RUN_FIELDS = (
+    "name",
+    "task",
+    "algorithm",
+    "status",
+    "config",
+    "error",
+    "env_steps",
+    "total_env_steps",
+    "num_updates",
+    "updates_done",
+    "alarm",
+    "study_task",
+    "study_arm",
+    "study_seed",
+    "study_variant",
+    "study_attempt",
+)
+TIMES = ("created_at", "started_at", "finished_at")
+OUTCOME = ("update_idx", "deal", "seed", "success", "episode_return", "episode_length")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be read or imported; the message says why in one line."""
+
+
+@dataclass
+class Imported:
+    study_id: int
+    created: bool  # a new study, or runs added to one of the same name and team
+    added: list[int] = field(default_factory=list)  # the new run ids
+    skipped: int = 0  # bundle runs whose cell already has a run here
+    waiting: int = 0  # the study's cells with no finished run: what a rerun would train
+
+
+def export_study(session: Session, study_id: int) -> dict[str, Any]:
+    """The bundle of a study: its file and every finished run. Raises StudyNotFound."""
+    study = session.get(Study, study_id)
+    if study is None:
+        raise service.StudyNotFound(f"study {study_id}")
+    runs = [r for r in service.study_runs(session, study_id) if r.status in FINISHED]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": utcnow().isoformat(),
+        "study": {
+            "name": study.name,
+            "team": study.team,
+            "spec": study.spec,
+            "created_at": study.created_at.isoformat(),
+        },
+        "runs": [_run_entry(session, run) for run in runs],
+    }
+
+
+def _run_entry(session: Session, run: Run) -> dict[str, Any]:
+    updates = session.execute(
+        select(Update.idx, Update.metrics, Update.alarm)
+        .where(Update.run_id == run.id)
+        .order_by(Update.idx)
+    ).all()
+    outcomes = session.execute(
+        select(*(getattr(EvalOutcome, c) for c in OUTCOME))
+        .where(EvalOutcome.run_id == run.id)
+        .order_by(EvalOutcome.update_idx, EvalOutcome.deal)
+    ).all()
+    init = session.scalar(
+        select(Checkpoint.sha256).where(Checkpoint.run_id == run.id, Checkpoint.update_idx == -1)
+    )
+    info = dict(run.info or {})
+    info.pop("training_deals", None)  # carried on its own below
+    return {
+        **{f: getattr(run, f) for f in RUN_FIELDS},
+        **{t: _iso(getattr(run, t)) for t in TIMES},
+        "info": info,
+        "id": run.id,
+        # The warm start's weights: arms of one seed compare fairly only from the same one.
+        "init_sha256": init or (run.info or {}).get("imported", {}).get("init_sha256"),
+        "updates": [{"idx": i, "metrics": m, "alarm": a} for i, m, a in updates],
+        "eval_outcomes": [list(o) for o in outcomes],
+        "training_deals": sorted(training_deals(session, run)),
+    }
+
+
+def write_bundle(bundle: dict[str, Any], path: Path) -> None:
+    """Gzip'd JSON (any other suffix than .gz: plain JSON), written whole or not at all."""
+    # Key order kept: a study file's order of tasks and arms is the order its report shows.
+    text = json.dumps(bundle, separators=(",", ":")).encode()
+    data = gzip.compress(text, mtime=0) if path.suffix == ".gz" else text
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def read_bundle(path: Path) -> dict[str, Any]:
+    """A bundle file, gzip'd or not; BundleError names what is wrong with it."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise BundleError(f"bundle not found: {path}") from None
+    except OSError as e:
+        raise BundleError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        bundle = json.loads(text)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path} is not a study bundle (gzip'd JSON): {e}") from None
+    if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
+        raise BundleError(f"{path} is not a study bundle: no format {FORMAT!r}")
+    if bundle.get("version") != VERSION:
+        raise BundleError(
+            f"{path} is a version {bundle.get('version')!r} bundle; this gtr reads version "
+            f"{VERSION}"
+        )
+    return bundle
+
+
+def import_study(session: Session, bundle: dict[str, Any], team: str | None = None) -> Imported:
+    """Write a bundle's study and runs into this store (see the module docstring)."""
+    try:
+        head = bundle["study"]
+        cfg = StudyConfig.model_validate(head["spec"])
+        runs = list(bundle["runs"])
+    except (KeyError, TypeError, ValidationError, ValueError) as e:
+        raise BundleError(f"the bundle's study is not valid: {_first_line(e)}") from None
+    team = team or str(head.get("team") or "default")
+    study = service.find_study(session, cfg.name, team)
+    created = study is None
+    if study is None:
+        study = service.create_study(session, cfg, team)
+        study.created_at = _time(head.get("created_at")) or study.created_at
+    elif study.status in service.ACTIVE:
+        raise BundleError(
+            f"study {study.id} ({study.name!r}) is {study.status} here: stop it before importing "
+            "runs into it"
+        )
+    elif service.config_of(study).primary != cfg.primary:
+        raise BundleError(
+            f"study {study.id} ({study.name!r}) here is judged by "
+            f"{service.config_of(study).primary.label()}, the bundle's by {cfg.primary.label()}"
+        )
+    taken = {
+        (r.study_task, r.study_arm, r.study_seed, r.study_variant, r.study_attempt)
+        for r in service.study_runs(session, study.id)
+    }
+    out = Imported(study.id, created)
+    for entry in runs:
+        try:
+            key = tuple(entry[k] for k in RUN_FIELDS[-5:])
+            if key in taken:
+                out.skipped += 1
+                continue
+            out.added.append(_add_run(session, study, entry))
+            taken.add(key)
+        except (KeyError, TypeError, ValueError, StatementError) as e:
+            where = entry.get("id", "?") if isinstance(entry, dict) else "?"
+            raise BundleError(f"run {where} of the bundle: {_first_line(e)}") from None
+    p = service.plan(session, study)
+    out.waiting = len(p.pending) + len(p.retry) + len(p.cancelled)
+    # Nothing drives an imported study until someone resumes it: a study left queued would start
+    # its missing cells on the full stack's controllers at once.
+    study.status = "cancelled" if out.waiting else ("done" if p.done else "failed")
+    study.updated_at = utcnow()
+    return out
+
+
+def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:
+    if entry["status"] not in FINISHED:
+        raise ValueError(f"status {entry['status']!r} is not a finished run's")
+    info = dict(entry.get("info") or {})
+    info["imported"] = {"from_run": entry["id"], "init_sha256": entry.get("init_sha256")}
+    info["training_deals"] = [str(d) for d in entry.get("training_deals") or []]
+    run = Run(
+        **{f: entry[f] for f in RUN_FIELDS},
+        **{t: _time(entry.get(t)) for t in TIMES},
+        team=study.team,
+        info=info,
+        study_id=study.id,
+    )
+    session.add(run)
+    session.flush()
+    session.add_all(
+        Update(run_id=run.id, idx=int(u["idx"]), metrics=dict(u["metrics"]), alarm=bool(u["alarm"]))
+        for u in entry["updates"]
+    )
+    session.add_all(
+        EvalOutcome(run_id=run.id, **dict(zip(OUTCOME, row, strict=True)))
+        for row in entry["eval_outcomes"]
+    )
+    session.flush()
+    return run.id
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _time(text: Any) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(str(text))
+
+
+def _first_line(e: Exception) -> str:
+    if isinstance(e, KeyError):
+        return f"no field {e.args[0]!r}"
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc']) or 'study'}: {err['msg']}"
+    if isinstance(e, StatementError):  # a value the column cannot hold: the driver's reason
+        e = e.orig if isinstance(e.orig, Exception) else e
+    return str(e).splitlines()[0] if str(e) else type(e).__name__

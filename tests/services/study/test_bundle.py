@@ -1,0 +1,162 @@
+"""`gtr study export` / `gtr study import`: a study the platform really ran (tiny_study.py, on
+PostgreSQL) carried as one file into a fresh embedded store (SQLite) reads the same report
+there; importing twice adds nothing; a bundle missing a run leaves exactly that cell to train;
+and a bad bundle is one message, a non-zero exit, and nothing written."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from services.study import service
+from services.study.report import build_report
+from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update
+from shared.db.session import session_scope
+from tests.services.study.tiny_study import HOSTILE_ARM, TinyStudy, gtr_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _embedded(tmp: Path) -> dict[str, str | None]:
+    """The environment of `gtr` on a fresh embedded store in ``tmp``."""
+    return {"GTR_DATA_DIR": str(tmp), "GTR_DATABASE_URL": None, "GTR_REDIS_URL": None}
+
+
+def _comparable(report: Any) -> dict[str, Any]:
+    """A report less what belongs to the store (ids, links, times, the ETA's clock)."""
+    out = report.model_dump(mode="json")
+    for key in ("id", "created_at", "runs"):
+        out.pop(key)
+    out["progress"].pop("eta_s", None)
+    return out
+
+
+def _sizes(url: str) -> tuple[int, int, int, int]:
+    with session_scope(url) as s:
+        return tuple(  # type: ignore[return-value]
+            int(s.scalar(select(func.count()).select_from(m)) or 0)
+            for m in (Study, Run, Update, EvalOutcome)
+        )
+
+
+@pytest.fixture(scope="module")
+def bundle(real_study: TinyStudy, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "study.json.gz"
+    done = gtr_cli("study", "export", str(real_study.study_id), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"study {real_study.study_id}: 4 finished runs (4 completed)" in done.stdout
+    return out
+
+
+def test_an_imported_study_reads_the_same_report_in_another_store(
+    real_study: TinyStudy, bundle: Path, tmp_path: Path
+) -> None:
+    got = gtr_cli("study", "import", str(bundle), env=_embedded(tmp_path))
+    assert got.returncode == 0, got.stderr
+    assert "study 1 (new): 4 runs imported, 0 already here; 0 cells have no finished run" in (
+        got.stdout
+    )
+    with session_scope() as s:
+        original = build_report(s, real_study.study_id)
+        init = dict(
+            s.execute(
+                select(Checkpoint.run_id, Checkpoint.sha256)
+                .join(Run, Run.id == Checkpoint.run_id)
+                .where(Run.study_id == real_study.study_id, Checkpoint.update_idx == -1)
+            ).all()
+        )
+    sqlite = f"sqlite:///{tmp_path / 'gtr.sqlite3'}"
+    with session_scope(sqlite) as s:
+        imported = build_report(s, 1)
+        study = s.get(Study, 1)
+        assert study is not None and study.status == "done" and study.team == real_study.team
+        # Nothing left to train: a rerun of the study would start no run.
+        p = service.plan(s, study)
+        assert (len(p.done), p.pending, p.retry) == (4, [], [])
+        runs = s.scalars(select(Run)).all()
+        # Each run's starting weights, by hash: arms of a seed compare fairly from the same.
+        carried = {r.info["imported"]["from_run"]: r.info["imported"]["init_sha256"] for r in runs}
+        assert carried == init and len(init) == 4
+    assert _comparable(imported) == _comparable(original)
+    # The leak check still sees the training deals, though no step was carried.
+    (group,) = imported.groups
+    assert group.deal_space.in_training is not None
+    assert group.deal_space == original.groups[0].deal_space
+    assert HOSTILE_ARM in {a.arm for a in group.primary.arms}  # names carried as text
+    # The same bundle again adds nothing.
+    before = _sizes(sqlite)
+    again = gtr_cli("study", "import", str(bundle), env=_embedded(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert "study 1 (existing): 0 runs imported, 4 already here" in again.stdout
+    assert _sizes(sqlite) == before
+
+
+def test_a_bundle_without_a_run_leaves_that_cell_to_train(bundle: Path, tmp_path: Path) -> None:
+    data = json.loads(gzip.decompress(bundle.read_bytes()))
+    gone = data["runs"].pop()
+    part = tmp_path / "part.json"  # plain JSON reads too
+    part.write_text(json.dumps(data))
+    got = gtr_cli("study", "import", str(part), env=_embedded(tmp_path))
+    assert got.returncode == 0, got.stderr
+    assert "3 runs imported, 0 already here; 1 cells have no finished run" in got.stdout
+    assert "gtr study run FILE" in got.stdout
+    with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
+        study = s.get(Study, 1)
+        assert study is not None and study.status == "cancelled"  # nothing drives it yet
+        service.resume_study(s, study)
+        (queued,) = service.advance(s, study)  # what `gtr study run` would train: that cell
+        assert (queued.study_arm, queued.study_seed) == (gone["study_arm"], gone["study_seed"])
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "bundle not found"),
+        (b"\x1f\x8b not gzip at all", "is not a study bundle (gzip'd JSON)"),
+        (b'{"runs": []}', "no format 'gtr-study-bundle'"),
+        (b'{"format": "gtr-study-bundle", "version": 99}', "version 99 bundle"),
+        (
+            b'{"format": "gtr-study-bundle", "version": 1, "study": {"spec": {"name": "x"}}}',
+            "the bundle's study is not valid: tasks: Field required",
+        ),
+    ],
+)
+def test_a_bad_bundle_is_one_message_and_writes_nothing(
+    content: bytes | None, says: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.json.gz"
+    if content is not None:
+        path.write_bytes(content)
+    got = gtr_cli("study", "import", str(path), env=_embedded(tmp_path))
+    assert got.returncode == 1 and says in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr
+    assert _sizes(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") == (0, 0, 0, 0)
+
+
+def test_a_bad_run_in_a_bundle_writes_none_of_it(bundle: Path, tmp_path: Path) -> None:
+    data = json.loads(gzip.decompress(bundle.read_bytes()))
+    data["runs"][1]["updates"][0]["idx"] = "<script>alert(1)</script>"
+    del data["runs"][2]["status"]
+    for run, says in ((1, "invalid literal for int()"), (2, "no field 'status'")):
+        broken = dict(data, runs=[data["runs"][0], data["runs"][run]])
+        path = tmp_path / f"broken{run}.json"
+        path.write_text(json.dumps(broken))
+        got = gtr_cli("study", "import", str(path), env=_embedded(tmp_path))
+        assert got.returncode == 1 and "of the bundle: " + says in got.stderr, got.stderr
+        assert "Traceback" not in got.stderr
+        assert _sizes(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") == (0, 0, 0, 0)
+
+
+def test_export_refuses_a_missing_study_or_folder(real_study: TinyStudy, tmp_path: Path) -> None:
+    got = gtr_cli("study", "export", "99999", "--out", str(tmp_path / "x.json.gz"))
+    assert got.returncode == 1 and "study 99999 not found" in got.stderr
+    got = gtr_cli(
+        "study", "export", str(real_study.study_id), "--out", str(tmp_path / "no" / "x.json.gz")
+    )
+    assert got.returncode == 1 and "no folder" in got.stderr, got.stderr
+    assert not (tmp_path / "x.json.gz").exists()
