@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
+from services.api.auth import create_token
 from services.study import service
 from services.study.report import build_report
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update
 from shared.db.session import session_scope
+from tests.conftest import free_port, wait_serving
+from tests.e2e.helpers import ROOT
 from tests.services.study.tiny_study import HOSTILE_ARM, TinyStudy, gtr_cli
 
 pytestmark = pytest.mark.slow
@@ -160,3 +167,34 @@ def test_export_refuses_a_missing_study_or_folder(real_study: TinyStudy, tmp_pat
     )
     assert got.returncode == 1 and "no folder" in got.stderr, got.stderr
     assert not (tmp_path / "x.json.gz").exists()
+
+
+def test_the_imported_study_and_its_runs_are_pages_of_gtr_serve(
+    real_study: TinyStudy, bundle: Path, tmp_path: Path
+) -> None:
+    """What a user browses after an import: the study page with its verdicts, and each run's
+    page saying it came from a bundle, without its steps (hostile names stay text)."""
+    assert gtr_cli("study", "import", str(bundle), env=_embedded(tmp_path)).returncode == 0
+    with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
+        token = create_token(s, "browse", "read", real_study.team)[1]
+        run_ids = s.scalars(select(Run.id)).all()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
+    env |= {"GTR_DATA_DIR": str(tmp_path), "GTR_API_RATE_LIMIT_PER_MINUTE": "0"}
+    cmd = [sys.executable, "-m", "services.cli", "serve", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    base, cookies = f"http://127.0.0.1:{port}", {"gtr_token": token}
+    try:
+        wait_serving(base, proc)
+        study = httpx.get(f"{base}/studies/1", cookies=cookies)
+        assert study.status_code == 200
+        assert "&lt;script&gt;alert(" in study.text and "<script>alert(" not in study.text
+        for run_id in run_ids:
+            page = httpx.get(f"{base}/runs/{run_id}", cookies=cookies)
+            assert page.status_code == 200 and 'id="imported"' in page.text
+            assert "Imported from a study bundle" in page.text
+        steps = httpx.get(f"{base}/api/runs/{run_ids[0]}/steps", cookies=cookies)
+        assert steps.status_code == 200 and steps.json()["items"] == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
