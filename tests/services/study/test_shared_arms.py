@@ -4,9 +4,12 @@ variant's arms; configs/studies/v3.toml declares the v3 grid; `gtr study plan` l
 
 from __future__ import annotations
 
+import html
+import re
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -18,8 +21,13 @@ from services.study.service import warm_group
 from shared.db.models import Run
 from shared.db.session import session_scope
 from tests.e2e.helpers import ROOT
-from tests.services.study.test_study_cli import _gtr
-from tests.services.study.tiny_study import HOSTILE_ARM, QUOTED_ARM, TinyStudy, run_tiny_study
+from tests.services.study.tiny_study import (
+    HOSTILE_ARM,
+    QUOTED_ARM,
+    TinyStudy,
+    gtr_cli,
+    run_tiny_study,
+)
 
 V3 = ROOT / "configs" / "studies" / "v3.toml"
 BASE = {"task": "numberline", "init": {"kind": "none"}}
@@ -239,7 +247,7 @@ def test_v3_declares_its_grid_primary_metric_and_levels() -> None:
 
 
 def test_gtr_study_plan_lists_the_cells_and_refuses_a_bad_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    out = _gtr("study", "plan", str(V3), env={"GTR_DATA_DIR": str(tmp_path / "data")})
+    out = gtr_cli("study", "plan", str(V3), env={"GTR_DATA_DIR": str(tmp_path / "data")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("study gtr-v3-corrector-quality: 63 runs, ")
@@ -254,7 +262,24 @@ def test_gtr_study_plan_lists_the_cells_and_refuses_a_bad_file(tmp_path) -> None
         "[tasks.t]\nbase = {task = 'numberline'}\n[arms.a]\n"
     )
     for command in ("plan", "run"):
-        refused = _gtr("study", command, str(bad), env={"GTR_DATA_DIR": str(tmp_path / "data")})
+        refused = gtr_cli("study", command, str(bad), env={"GTR_DATA_DIR": str(tmp_path / "data")})
         assert refused.returncode == 1, refused.stderr
         assert "shared_arms: 'nope' is not an arm of the study (its arms: 'a')" in refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+def test_the_study_page_marks_the_shared_arm_in_each_variant(shared_study: TinyStudy) -> None:
+    from services.api.app import create_app
+    from tests.conftest import live_server
+
+    with (
+        live_server(create_app()) as url,
+        httpx.Client(base_url=url, cookies={"gtr_token": shared_study.read_token}) as c,
+    ):
+        page = c.get(f"/studies/{shared_study.study_id}")
+    assert page.status_code == 200
+    marks = re.findall(r'<p class="muted shared-arms">(.*?)</p>', page.text)
+    assert len(marks) == 2  # the exact and the fallible variant's groups
+    escaped = html.escape(HOSTILE_ARM).replace("&#x27;", "&#39;")  # Jinja escapes quotes so
+    assert all(f'<span class="arm">{escaped}</span>' in m for m in marks), marks
+    assert "<script>alert(" not in page.text
