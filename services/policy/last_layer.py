@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-# On: outputs agree with the whole layer to float rounding (tests/services/policy/test_last_layer.py).
+# On: outputs agree with the whole layer to float rounding (tests/services/policy/
+# test_last_layer.py).
 # False computes the whole layer everywhere (a debugging switch; the bench measures both ways).
 ENABLED = True
 HANDLED = ("LlamaDecoderLayer", "Qwen2VLDecoderLayer")
