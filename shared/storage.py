@@ -102,6 +102,18 @@ class CheckpointStore:
             size += len(data)
         return size, h.hexdigest()
 
+    @staticmethod
+    def weights_digest(*folders: Path) -> str:
+        """A sha256 over the folders' weight files alone (``*.safetensors``: names and bytes):
+        two runs started from the same weights agree on it wherever their folders live (a
+        folder's ``digest`` also covers ``policy.json``, which names the base model's path)."""
+        h = hashlib.sha256()
+        for folder in folders:
+            for f in sorted(Path(folder).rglob("*.safetensors")):
+                h.update(str(f.relative_to(folder)).encode())
+                h.update(f.read_bytes())
+        return h.hexdigest()
+
     def remove(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -1,8 +1,9 @@
 """A study as one file: `gtr study export ID --out FILE` and `gtr study import FILE`.
 
 A bundle carries what the study's report reads, and nothing else: the study file, and for each
-finished run its record, its update metrics, its per-deal evaluation outcomes and the deals its
-training episodes started from (the report's leak check). It leaves out steps, corrections,
+finished run its record (with the hash of the weights it started from: the report's check that
+a seed's arms started alike), its update metrics, its per-deal evaluation outcomes and the deals
+its training episodes started from (the report's leak check). It leaves out steps, corrections,
 images and checkpoints, so a 63-run study fits in a few MB of gzip'd JSON that git can carry.
 That is how a study too long for one machine session moves on: export where it ran, import into
 the next session's store (SQLite or PostgreSQL), rerun the same study file, and only the cells
@@ -102,22 +103,34 @@ def _run_entry(session: Session, run: Run) -> dict[str, Any]:
         .where(EvalOutcome.run_id == run.id)
         .order_by(EvalOutcome.update_idx, EvalOutcome.deal)
     ).all()
-    init = session.scalar(
-        select(Checkpoint.sha256).where(Checkpoint.run_id == run.id, Checkpoint.update_idx == -1)
-    )
     info = dict(run.info or {})
     info.pop("training_deals", None)  # carried on its own below
+    if not info.get("init_weights_sha256"):  # a run recorded before runs kept it
+        info["init_weights_sha256"] = _start_weights(session, run.id)
     return {
         **{f: getattr(run, f) for f in RUN_FIELDS},
         **{t: _iso(getattr(run, t)) for t in TIMES},
         "info": info,
         "id": run.id,
-        # The warm start's weights: arms of one seed compare fairly only from the same one.
-        "init_sha256": init or (run.info or {}).get("imported", {}).get("init_sha256"),
         "updates": [{"idx": i, "metrics": m, "alarm": a} for i, m, a in updates],
         "eval_outcomes": [list(o) for o in outcomes],
         "training_deals": sorted(training_deals(session, run)),
     }
+
+
+def _start_weights(session: Session, run_id: int) -> str | None:
+    """The hash of the weights a run started from, read from its init checkpoint's folder."""
+    from shared.storage import CheckpointStore, checkpoint_store
+
+    rel = session.scalar(
+        select(Checkpoint.path).where(Checkpoint.run_id == run_id, Checkpoint.update_idx == -1)
+    )
+    if rel is None:
+        return None
+    folder = checkpoint_store().resolve(rel)
+    if not folder.is_dir():
+        return None
+    return CheckpointStore.weights_digest(folder, folder.parent / "base")
 
 
 def write_bundle(bundle: dict[str, Any], path: Path) -> None:
@@ -206,7 +219,7 @@ def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:
     if entry["status"] not in FINISHED:
         raise ValueError(f"status {entry['status']!r} is not a finished run's")
     info = dict(entry.get("info") or {})
-    info["imported"] = {"from_run": entry["id"], "init_sha256": entry.get("init_sha256")}
+    info["imported"] = {"from_run": entry["id"]}
     info["training_deals"] = [str(d) for d in entry.get("training_deals") or []]
     run = Run(
         **{f: entry[f] for f in RUN_FIELDS},

@@ -102,7 +102,13 @@ def report_renderable(report: StudyReport) -> RenderableType:
             f"{ds.in_training if ds.in_training is not None else 'not known'}",
             style="dim",
         )
-        parts += [title, space, _arms_table(g.primary)]
+        parts += [title, space]
+        if g.split_starts:
+            seeds = ", ".join(map(str, g.split_starts))
+            parts.append(
+                Text(f"⚠ seeds {seeds}: the arms started from different weights", style="bold red")
+            )
+        parts.append(_arms_table(g.primary))
         table = _comparisons_table(g.primary)
         if table is not None:
             parts.append(table)

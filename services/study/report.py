@@ -166,6 +166,11 @@ class GroupReport(BaseModel):
     secondary: list[MetricBlock] = Field(description="Secondary and collapse metrics")
     curves: list[Curve]
     deal_space: DealSpace
+    split_starts: list[int] = Field(
+        default_factory=list,
+        description="Seeds whose finished runs started from different weights (their "
+        "init_weights_sha256 differ): the paired comparison at such a seed is not like for like",
+    )
 
 
 class StudyReport(BaseModel):
@@ -331,7 +336,19 @@ def _group(
         secondary=judged[1:],
         curves=[_curve(arm, spec.metric, cell_runs, curves) for spec, _ in blocks for arm in arms],
         deal_space=_deal_space(session, task, list(cell_runs.values())),
+        split_starts=split_starts(done),
     )
+
+
+def split_starts(done: dict[tuple[str, int], Run]) -> list[int]:
+    """Seeds whose runs record more than one starting-weights hash (a run recorded before the
+    hash existed is left out of the check)."""
+    starts: dict[int, set[str]] = defaultdict(set)
+    for (_, seed), run in done.items():
+        sha = (run.info or {}).get("init_weights_sha256")
+        if sha:
+            starts[seed].add(str(sha))
+    return sorted(seed for seed, shas in starts.items() if len(shas) > 1)
 
 
 def _block(

@@ -57,7 +57,7 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
     if get_checkpoint(session, run_id, -1) is not None:
         log.info("run %s is already initialised: skipping", run_id)
         return {"skipped": True}
-    from shared.storage import checkpoint_store
+    from shared.storage import CheckpointStore, checkpoint_store
 
     # Under LoRA the warm-started model becomes the run's own base, kept beside its checkpoints.
     path = checkpoint_store().path_for(run_id, -1)
@@ -76,10 +76,14 @@ def run_init(session: Session, run_id: int) -> dict[str, Any]:
         finally:
             warm_progress.reset(hook)
         record_checkpoint(session, run_id, -1, policy, None)
+    run = session.get(Run, run_id)
+    assert run is not None
+    # What the run starts from, by content: a study's arms of one seed compare fairly only from
+    # the same weights (services/study/report.py checks it; a study bundle carries it).
+    start: dict[str, Any] = {"init_weights_sha256": CheckpointStore.weights_digest(path, base_dir)}
     if warm is not None:  # the run record says whether the warm start came from the cache
-        run = session.get(Run, run_id)
-        assert run is not None
-        run.info = {**(run.info or {}), "warm_start": warm.as_dict()}
+        start["warm_start"] = warm.as_dict()
+    run.info = {**(run.info or {}), **start}
     session.flush()
     return summary
 

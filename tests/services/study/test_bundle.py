@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from services.study import service
 from services.study.report import build_report
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update
 from shared.db.session import session_scope
+from shared.storage import CheckpointStore, checkpoint_store
 from tests.conftest import free_port, wait_serving
 from tests.e2e.helpers import ROOT
 from tests.services.study.tiny_study import HOSTILE_ARM, TinyStudy, gtr_cli
@@ -51,6 +54,23 @@ def _sizes(url: str) -> tuple[int, int, int, int]:
         )
 
 
+@contextmanager
+def serving(data: Path) -> Iterator[str]:
+    """`gtr serve` on the embedded store in ``data``; yields its base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
+    env |= {"GTR_DATA_DIR": str(data), "GTR_API_RATE_LIMIT_PER_MINUTE": "0"}
+    cmd = [sys.executable, "-m", "services.cli", "serve", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_serving(base, proc)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def bundle(real_study: TinyStudy, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "study.json.gz"
@@ -70,13 +90,16 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
     )
     with session_scope() as s:
         original = build_report(s, real_study.study_id)
-        init = dict(
-            s.execute(
-                select(Checkpoint.run_id, Checkpoint.sha256)
-                .join(Run, Run.id == Checkpoint.run_id)
-                .where(Run.study_id == real_study.study_id, Checkpoint.update_idx == -1)
-            ).all()
-        )
+        originals = s.scalars(select(Run).where(Run.study_id == real_study.study_id)).all()
+        init = {r.id: r.info["init_weights_sha256"] for r in originals}
+        # The record's hash is that of the init checkpoint's weight files.
+        for r in originals:
+            row = s.scalar(
+                select(Checkpoint).where(Checkpoint.run_id == r.id, Checkpoint.update_idx == -1)
+            )
+            assert row is not None
+            folder = checkpoint_store().resolve(row.path)
+            assert init[r.id] == CheckpointStore.weights_digest(folder, folder.parent / "base")
     sqlite = f"sqlite:///{tmp_path / 'gtr.sqlite3'}"
     with session_scope(sqlite) as s:
         imported = build_report(s, 1)
@@ -87,9 +110,10 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
         assert (len(p.done), p.pending, p.retry) == (4, [], [])
         runs = s.scalars(select(Run)).all()
         # Each run's starting weights, by hash: arms of a seed compare fairly from the same.
-        carried = {r.info["imported"]["from_run"]: r.info["imported"]["init_sha256"] for r in runs}
+        carried = {r.info["imported"]["from_run"]: r.info["init_weights_sha256"] for r in runs}
         assert carried == init and len(init) == 4
     assert _comparable(imported) == _comparable(original)
+    assert imported.groups[0].split_starts == []  # each seed's two arms started alike
     # The leak check still sees the training deals, though no step was carried.
     (group,) = imported.groups
     assert group.deal_space.in_training is not None
@@ -178,23 +202,40 @@ def test_the_imported_study_and_its_runs_are_pages_of_gtr_serve(
     with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
         token = create_token(s, "browse", "read", real_study.team)[1]
         run_ids = s.scalars(select(Run.id)).all()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GTR_")}
-    env |= {"GTR_DATA_DIR": str(tmp_path), "GTR_API_RATE_LIMIT_PER_MINUTE": "0"}
-    cmd = [sys.executable, "-m", "services.cli", "serve", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
-    base, cookies = f"http://127.0.0.1:{port}", {"gtr_token": token}
-    try:
-        wait_serving(base, proc)
+    with serving(tmp_path) as base:
+        cookies = {"gtr_token": token}
         study = httpx.get(f"{base}/studies/1", cookies=cookies)
         assert study.status_code == 200
         assert "&lt;script&gt;alert(" in study.text and "<script>alert(" not in study.text
+        assert "split-starts" not in study.text
         for run_id in run_ids:
             page = httpx.get(f"{base}/runs/{run_id}", cookies=cookies)
             assert page.status_code == 200 and 'id="imported"' in page.text
             assert "Imported from a study bundle" in page.text
         steps = httpx.get(f"{base}/api/runs/{run_ids[0]}/steps", cookies=cookies)
         assert steps.status_code == 200 and steps.json()["items"] == []
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+
+
+def test_a_seed_whose_arms_started_from_different_weights_is_flagged(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """A bundle whose seed's arms record different starting weights (as when a later session
+    rebuilt a warm start differently): the report, its table and its page say so."""
+    data = json.loads(gzip.decompress(bundle.read_bytes()))
+    run = data["runs"][0]
+    run["info"]["init_weights_sha256"] = "0" * 64
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps(data))
+    assert gtr_cli("study", "import", str(path), env=_embedded(tmp_path)).returncode == 0
+    with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
+        (group,) = build_report(s, 1).groups
+    assert group.split_starts == [run["study_seed"]]
+    table = gtr_cli("study", "report", "1", env=_embedded(tmp_path))
+    assert table.returncode == 0, table.stderr
+    assert f"seeds {run['study_seed']}: the arms started from different weights" in table.stdout
+    with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
+        token = create_token(s, "browse", "read", data["study"]["team"])[1]
+    with serving(tmp_path) as base:
+        page = httpx.get(f"{base}/studies/1", cookies={"gtr_token": token})
+    assert page.status_code == 200
+    assert f"Not like for like at seed {run['study_seed']}:" in page.text
