@@ -9,7 +9,13 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from services.study.report import ComparisonOut, IntervalOut, MetricBlock, StudyReport
+from services.study.report import (
+    AxisReport,
+    ComparisonOut,
+    IntervalOut,
+    MetricBlock,
+    StudyReport,
+)
 
 
 def num(v: float | None, digits: int = 3) -> str:
@@ -119,7 +125,22 @@ def report_renderable(report: StudyReport) -> RenderableType:
             table = _comparisons_table(block)
             if table is not None:
                 parts.append(table)
+    parts += [_axis_table(ax) for ax in report.axes]
+    for tr in report.trends:
+        parts.append(Text(f"\ntask {tr.task}: {tr.arm}'s {tr.metric} {tr.statement}", style="bold"))
     return Group(*parts)
+
+
+def _axis_table(ax: AxisReport) -> Group:
+    t = Table(
+        title=Text(f"\ntask {ax.task}: {ax.a} - {ax.b} by measured {ax.level_metric}"),
+        title_justify="left",
+    )
+    for col in ("variant", "level [95 % CI]", f"{ax.a} - {ax.b} [95 % CI]", "verdict"):
+        t.add_column(Text(col))
+    for p in ax.points:
+        t.add_row(Text(p.variant), interval(p.level), interval(p.diff), Text(p.verdict))
+    return Group(t, Text(ax.statement, style="bold"))
 
 
 def render_report(report: StudyReport, width: int = 120) -> str:

@@ -173,6 +173,40 @@ class GroupReport(BaseModel):
     )
 
 
+class AxisPoint(BaseModel):
+    variant: str
+    level: IntervalOut = Field(description="The level its runs of A and B measured, over seeds")
+    diff: IntervalOut | None = Field(description="Mean paired A - B on the primary metric")
+    verdict: str = Field(description="That comparison's verdict")
+
+
+class AxisReport(BaseModel):
+    task: str
+    a: str
+    b: str
+    level_metric: str = Field(description="The level's metric and reduction")
+    points: list[AxisPoint] = Field(description="One per variant, by measured level")
+    statement: str = Field(description="Where A - B changes sign, in one sentence")
+
+
+class TrendRun(BaseModel):
+    run_id: int
+    seed: int
+    variant: str
+    first: float = Field(description="The first point the run recorded")
+    score: float = Field(description="The run's score (the metric reduced as declared)")
+    holds: bool
+
+
+class TrendReport(BaseModel):
+    task: str
+    arm: str
+    metric: str = Field(description="The metric and its reduction")
+    direction: Literal["falls", "rises"]
+    runs: list[TrendRun]
+    statement: str = Field(description="e.g. 'falls in 5 of 6 runs (not at seed 3)'")
+
+
 class StudyReport(BaseModel):
     id: int
     name: str
@@ -184,6 +218,12 @@ class StudyReport(BaseModel):
     created_at: datetime
     progress: Progress
     groups: list[GroupReport]
+    axes: list[AxisReport] = Field(
+        default_factory=list, description="The declared axis's answer, per task (questions.py)"
+    )
+    trends: list[TrendReport] = Field(
+        default_factory=list, description="The declared trends' answers, per task"
+    )
     runs: list[CellRun]
 
 
@@ -200,13 +240,19 @@ def build_report(session: Session, study_id: int, team: str | None = None) -> St
     latest = _latest_attempts(runs)
     curves = _curves(session, [r.id for r in runs])
     blocks = _metric_specs(study, primary, curves)
-    groups = []
+    groups, grouped = [], []
     for (task, variant), cell_runs in _groups(spec, latest).items():
         arms = _arm_order(spec, cell_runs)
         group = _group(session, task, variant, arms, cell_runs, blocks, curves)
         if spec is not None and variant:
             group.shared_arms = [a for a in spec.shared_arms if a in arms]
         groups.append(group)
+        done = {k: r for k, r in cell_runs.items() if r.status == RUN_DONE}
+        axis = spec.axis if spec is not None else None
+        pair = _oriented(group.primary, axis.a, axis.b) if axis is not None else None
+        grouped.append((task, variant, done, pair))
+    from services.study.questions import axis_reports, trend_reports  # they read these models
+
     return StudyReport(
         id=study.id,
         name=study.name,
@@ -218,8 +264,28 @@ def build_report(session: Session, study_id: int, team: str | None = None) -> St
         created_at=study.created_at,
         progress=_progress(study, spec, latest),
         groups=groups,
+        axes=axis_reports(spec, grouped, curves),
+        trends=trend_reports(spec, grouped, curves),
         runs=[_cell_run(r) for r in sorted(runs, key=lambda r: r.id)],
     )
+
+
+def _oriented(block: MetricBlock, a: str, b: str) -> ComparisonOut | None:
+    """The block's comparison of arms a and b, as a - b (a comparison of b and a flipped)."""
+    for c in block.comparisons:
+        if (c.a, c.b) == (a, b):
+            return c
+        if (c.a, c.b) == (b, a):
+            iv = c.mean_diff
+            flipped = IntervalOut(
+                point=None if iv.point is None else -iv.point,
+                low=None if iv.high is None else -iv.high,
+                high=None if iv.low is None else -iv.low,
+                n=iv.n,
+            )
+            diffs = [-d for d in c.diffs]
+            return c.model_copy(update={"a": a, "b": b, "mean_diff": flipped, "diffs": diffs})
+    return None
 
 
 def _spec(study: Study) -> StudyConfig | None:

@@ -86,6 +86,28 @@ class MetricSpec(_Strict):
         return f"{self.metric} ({how})"
 
 
+class AxisSpec(_Strict):
+    """The study's question along its variants: arm `a` against arm `b` on the primary metric
+    at each variant, the variants ordered by the level their runs measured (e.g. the corrector's
+    accuracy), and where the difference changes sign."""
+
+    a: str = Field(description="Arm A of the difference A - B")
+    b: str = Field(description="Arm B")
+    level: MetricSpec = Field(
+        description="Each variant's measured level: this metric of its runs of A and B, reduced "
+        "as given, averaged per seed (e.g. corrector/accuracy, last_k_mean)"
+    )
+
+
+class TrendSpec(_Strict):
+    """Whether an arm's metric falls (or rises) in every run: the run's score against the first
+    point it recorded, run by run (e.g. RL4VLM's probe relevance: thought collapse)."""
+
+    arm: str = Field(description="The arm whose runs are checked")
+    metric: MetricSpec = Field(description="The metric, and how a run's score is reduced")
+    direction: Literal["falls", "rises"] = Field(description="What the run's score should do")
+
+
 class TaskSpec(_Strict):
     """One task of the study: its base run config, from a file or inline."""
 
@@ -166,6 +188,12 @@ class StudyConfig(_Strict):
     secondary: list[MetricSpec] = Field(
         default_factory=list, max_length=20, description="Further metrics, labelled secondary"
     )
+    axis: AxisSpec | None = Field(
+        None, description="A - B along the variants' measured level (services/study/questions.py)"
+    )
+    trends: list[TrendSpec] = Field(
+        default_factory=list, max_length=20, description="Per-run checks of a metric's direction"
+    )
     eval_episodes: int = Field(
         64, ge=1, le=1000, description="Greedy deals per evaluation (metrics.eval_episodes)"
     )
@@ -204,6 +232,7 @@ class StudyConfig(_Strict):
                     f"inline it); give the run config as tasks.{name}.base"
                 )
         self._check_shared_names()
+        self._check_questions()
         per_seed = len(self.shared_arms) + (len(self.arms) - len(self.shared_arms)) * max(
             len(self.variants), 1
         )
@@ -233,6 +262,21 @@ class StudyConfig(_Strict):
                 )
         if len(set(self.shared_arms)) != len(self.shared_arms):
             raise ValueError("shared_arms: an arm is listed twice")
+
+    def _check_questions(self) -> None:
+        named = [("trends", t.arm) for t in self.trends]
+        if self.axis is not None:
+            named += [("axis.a", self.axis.a), ("axis.b", self.axis.b)]
+            if self.axis.a == self.axis.b:
+                raise ValueError("axis: a and b are the same arm")
+            if len(self.variants) < 2:
+                raise ValueError("axis: the study needs at least two variants to order")
+        for where, arm in named:
+            if arm not in self.arms:
+                raise ValueError(
+                    f"{where}: {arm!r} is not an arm of the study (its arms: "
+                    f"{', '.join(repr(a) for a in self.arms)})"
+                )
 
     def _check_shared_runs(self) -> None:
         """A shared arm's one run stands in for its run under every variant: each variant

@@ -216,6 +216,11 @@ def test_v3_declares_its_grid_primary_metric_and_levels() -> None:
     assert (cfg.primary.metric, cfg.primary.reduce) == ("eval/success_rate", "final")
     assert [m.metric for m in cfg.secondary] == ["probe_relevance", "corrector/accuracy"]
     assert cfg.shared_arms == ["rl4vlm"] and list(cfg.arms) == ["gtr", "sft_only", "rl4vlm"]
+    assert cfg.axis is not None and (cfg.axis.a, cfg.axis.b) == ("gtr", "sft_only")
+    assert (cfg.axis.level.metric, cfg.axis.level.k) == ("corrector/accuracy", 10)
+    assert [(t.arm, t.metric.metric, t.direction) for t in cfg.trends] == [
+        ("rl4vlm", "probe_relevance", "falls")
+    ]
     assert cfg.seeds_of("ezpoints") == [0, 1, 2, 3, 4, 5] and cfg.seeds_of("points24") == [0, 1, 2]
     cells = cfg.cells()
     counts = Counter((c.task, c.arm, c.variant) for c in cells)

@@ -41,16 +41,20 @@ def run_tiny_study(
     seeds: tuple[int, ...] = (1, 2),
     variants: dict[str, dict[str, Any]] | None = None,
     shared_rl4vlm: bool = False,
+    extra: dict[str, Any] | None = None,
+    init: dict[str, Any] | None = None,
 ) -> TinyStudy:
     """Two arms (GTR, RL4VLM) x `seeds` on NumberLine: the session's default tiny model, no
     warm start, episodes of at most 3 steps, 1 update of 2 envs x 4 steps, evaluated on 4 deals
     after it; the probe collapse metrics (2 probe states) are recorded too. ``variants`` and
-    ``shared_rl4vlm`` (the RL4VLM arm in `shared_arms`) as a study file gives them."""
+    ``shared_rl4vlm`` (the RL4VLM arm in `shared_arms`) as a study file gives them; ``extra``: more
+    study-file fields (e.g. `axis`, `trends`); ``init``: the runs' [init] (default: none)."""
     base = tiny_run(Path("unused"), envs=2, steps=4, updates=1)
-    base["init"] = {"kind": "none"}
+    base["init"] = init or {"kind": "none"}
     # Episodes of an untrained policy run to truncation: 3 steps keep its evaluation short.
     base["env"] = {**base.get("env", {}), "max_episode_steps": 3}
-    base["generation"] = {**base.get("generation", {}), "max_new_tokens": 24}
+    if init is None:  # an untrained policy writes nothing well-formed: keep its outputs short
+        base["generation"] = {**base.get("generation", {}), "max_new_tokens": 24}
     base["metrics"] = {**base.get("metrics", {}), "eval_every": 1, "probe_states": 2}
     cfg = StudyConfig.model_validate(
         {
@@ -63,6 +67,7 @@ def run_tiny_study(
             "secondary": [{"metric": "eval/episode_return"}],
             "variants": variants or {},
             "shared_arms": [HOSTILE_ARM] if shared_rl4vlm else [],
+            **(extra or {}),
         }
     )
     with session_scope() as s:

@@ -1,0 +1,167 @@
+"""The study's declared questions beyond its verdict table, answered from the same stored rows.
+
+- **The axis** (`axis` in the study file): arm A against arm B on the primary metric at each
+  variant, the variants ordered by the level their runs measured (study v3: GTR - SFT-only at
+  each corrector level, ordered by the corrector accuracy each level's runs actually got), and
+  between which measured levels the difference changes sign, or that it keeps its sign over the
+  whole tested range. Each level's difference is the group's own paired comparison, with its
+  interval and verdict: a sign change between two undecided levels is a lead, not a finding.
+- **Trends** (`trends`): whether an arm's metric falls (or rises) in every run, the run's score
+  against the first point it recorded (v3: RL4VLM's probe relevance, thought collapse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from services.study import statistics as st
+from services.study.report import (
+    AxisPoint,
+    AxisReport,
+    ComparisonOut,
+    IntervalOut,
+    TrendReport,
+    TrendRun,
+)
+from services.study.schemas import StudyConfig
+from shared.db.models import Run
+
+Curves = dict[int, dict[str, list[tuple[int, float]]]]
+# Per group: task, variant, its finished runs by (arm, seed), and its primary comparison of the
+# axis's arms oriented A - B (None where they have no comparison).
+Grouped = list[tuple[str, str, dict[tuple[str, int], Run], ComparisonOut | None]]
+
+
+def axis_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> list[AxisReport]:
+    """One per task: A - B at each variant, ordered by the level measured there."""
+    if spec is None or spec.axis is None:
+        return []
+    ax = spec.axis
+    out = []
+    for task in spec.tasks:
+        points = []
+        for g_task, variant, done, comparison in grouped:
+            if g_task != task or not variant:
+                continue
+            per_seed: dict[int, list[float]] = {}
+            for (arm, seed), run in done.items():
+                if arm in (ax.a, ax.b):
+                    value = ax.level.score(curves.get(run.id, {}).get(ax.level.metric, []))
+                    if value is not None:
+                        per_seed.setdefault(seed, []).append(value)
+            levels = [sum(v) / len(v) for _, v in sorted(per_seed.items())]
+            points.append(
+                AxisPoint(
+                    variant=variant,
+                    level=IntervalOut.of(st.seed_interval(levels)),
+                    diff=comparison.mean_diff if comparison is not None else None,
+                    verdict=comparison.verdict if comparison is not None else "no runs to compare",
+                )
+            )
+        points.sort(key=lambda p: (p.level.point is None, p.level.point or 0.0))
+        out.append(
+            AxisReport(
+                task=task,
+                a=ax.a,
+                b=ax.b,
+                level_metric=ax.level.label(),
+                points=points,
+                statement=sign_statement(ax.a, ax.b, ax.level.metric, points),
+            )
+        )
+    return out
+
+
+def sign_statement(a: str, b: str, level: str, points: list[AxisPoint]) -> str:
+    """Between which measured levels A - B changes sign, or that it does not."""
+    known = [
+        p
+        for p in points
+        if p.level.point is not None and p.diff is not None and p.diff.point is not None
+    ]
+    if len(known) < 2:
+        return f"{a} - {b}: fewer than two levels measured, no sign change can be placed"
+    lo, hi = known[0].level.point, known[-1].level.point
+    signs = [_sign(p.diff.point) for p in known]  # type: ignore[union-attr, arg-type]
+    decided = sum(not p.verdict.startswith("not decided") for p in known)
+    tail = f" ({decided} of {len(known)} levels decided)"
+    changes = [
+        f"{x.level.point:.2f} ({x.diff.point:+.3f}) and {y.level.point:.2f} ({y.diff.point:+.3f})"  # type: ignore[union-attr]
+        for x, y, sx, sy in zip(known, known[1:], signs, signs[1:], strict=False)
+        if sx != sy
+    ]
+    if not changes:
+        word = {1: "positive", -1: "negative", 0: "zero"}[signs[0]]
+        return (
+            f"{a} - {b} is {word} at every measured {level} from {lo:.2f} to {hi:.2f}: no "
+            f"sign change within the tested range{tail}"
+        )
+    return f"{a} - {b} changes sign between {level} " + "; and between ".join(changes) + tail
+
+
+def trend_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> list[TrendReport]:
+    """One per task and declared trend: the arm's runs, each checked on its own."""
+    if spec is None:
+        return []
+    out = []
+    for trend in spec.trends:
+        for task in spec.tasks:
+            runs = _runs_of(trend.arm, (done for t, _, done, _ in grouped if t == task))
+            checked = []
+            for run in runs:
+                curve = sorted(curves.get(run.id, {}).get(trend.metric.metric, []))
+                score = trend.metric.score(curve)
+                if not curve or score is None:
+                    continue
+                first = curve[0][1]
+                holds = score < first if trend.direction == "falls" else score > first
+                checked.append(
+                    TrendRun(
+                        run_id=run.id,
+                        seed=run.study_seed or 0,
+                        variant=run.study_variant or "",
+                        first=first,
+                        score=score,
+                        holds=holds,
+                    )
+                )
+            out.append(
+                TrendReport(
+                    task=task,
+                    arm=trend.arm,
+                    metric=trend.metric.label(),
+                    direction=trend.direction,
+                    runs=checked,
+                    statement=_trend_statement(trend.direction, checked),
+                )
+            )
+    return out
+
+
+def _runs_of(arm: str, groups: Iterable[dict[tuple[str, int], Run]]) -> list[Run]:
+    """The arm's finished runs over a task's groups, each once (a shared arm's run is in every
+    variant's group), in seed order."""
+    seen: dict[int, Run] = {}
+    for done in groups:
+        for (a, _), run in done.items():
+            if a == arm:
+                seen[run.id] = run
+    return sorted(seen.values(), key=lambda r: (r.study_seed or 0, r.study_variant or ""))
+
+
+def _trend_statement(direction: str, runs: list[TrendRun]) -> str:
+    if not runs:
+        return "no finished run recorded the metric"
+    held = sum(r.holds for r in runs)
+    out = f"{direction} in {held} of {len(runs)} runs"
+    if held < len(runs):
+        out += " (not at " + ", ".join(_where(r) for r in runs if not r.holds) + ")"
+    return out
+
+
+def _where(r: TrendRun) -> str:
+    return f"seed {r.seed}" + (f" {r.variant}" if r.variant else "")
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
