@@ -37,13 +37,35 @@ def _embedded(tmp: Path) -> dict[str, str | None]:
     return {"GTR_DATA_DIR": str(tmp), "GTR_DATABASE_URL": None, "GTR_REDIS_URL": None}
 
 
-def _comparable(report: Any) -> dict[str, Any]:
-    """A report less what belongs to the store (ids, links, times, the ETA's clock)."""
+def _comparable(report: Any, ids: dict[int, int] | None = None) -> dict[str, Any]:
+    """A report less what belongs to the store (its id, times, the ETA's clock), with the run
+    ids it names mapped through ``ids`` (an imported run's id here -> its original id)."""
     out = report.model_dump(mode="json")
     for key in ("id", "created_at", "runs"):
         out.pop(key)
     out["progress"].pop("eta_s", None)
-    return out
+    return _remap(out, ids or {})
+
+
+def _remap(obj: Any, ids: dict[int, int]) -> Any:
+    """``obj`` with every run id (under a "runs" key, or a "run_id") mapped through ``ids``."""
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if key == "runs" and isinstance(value, dict):
+                out[key] = {k: ids.get(v, v) for k, v in value.items()}
+            elif (
+                key == "runs" and isinstance(value, list) and all(isinstance(v, int) for v in value)
+            ):
+                out[key] = [ids.get(v, v) for v in value]
+            elif key == "run_id":
+                out[key] = ids.get(value, value)
+            else:
+                out[key] = _remap(value, ids)
+        return out
+    if isinstance(obj, list):
+        return [_remap(v, ids) for v in obj]
+    return obj
 
 
 def _sizes(url: str) -> tuple[int, int, int, int]:
@@ -112,7 +134,8 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
         # Each run's starting weights, by hash: arms of a seed compare fairly from the same.
         carried = {r.info["imported"]["from_run"]: r.info["init_weights_sha256"] for r in runs}
         assert carried == init and len(init) == 4
-    assert _comparable(imported) == _comparable(original)
+    ids = {r.id: r.info["imported"]["from_run"] for r in runs}  # this store's -> the original's
+    assert _comparable(imported, ids) == _comparable(original)
     assert imported.groups[0].split_starts == []  # each seed's two arms started alike
     # The leak check still sees the training deals, though no step was carried.
     (group,) = imported.groups

@@ -57,7 +57,10 @@ def _curve(s, run_id: int, metric: str) -> list[tuple[int, float]]:  # type: ign
 def test_the_axis_orders_the_variants_by_measured_level(asked: TinyStudy) -> None:
     with session_scope() as s:
         report = build_report(s, asked.study_id)
-        runs = {(r.study_arm, r.study_variant): r for r in s.scalars(select(Run))}
+        runs = {
+            (r.study_arm, r.study_variant): r
+            for r in s.scalars(select(Run).where(Run.study_id == asked.study_id))
+        }
         level = MetricSpec.model_validate(LEVEL)
         measured = {
             v: level.score(_curve(s, runs[(QUOTED_ARM, v)].id, LEVEL["metric"]))
@@ -88,7 +91,9 @@ def test_the_axis_orders_the_variants_by_measured_level(asked: TinyStudy) -> Non
 def test_a_trend_is_checked_run_by_run(asked: TinyStudy) -> None:
     with session_scope() as s:
         report = build_report(s, asked.study_id)
-        (shared,) = s.scalars(select(Run).where(Run.study_arm == HOSTILE_ARM)).all()
+        (shared,) = s.scalars(
+            select(Run).where(Run.study_id == asked.study_id, Run.study_arm == HOSTILE_ARM)
+        ).all()
         curve = _curve(s, shared.id, RELEVANCE["metric"])
     (tr,) = report.trends
     assert (tr.task, tr.arm, tr.direction) == ("numberline", HOSTILE_ARM, "falls")
