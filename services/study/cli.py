@@ -74,11 +74,8 @@ def study_run(file: Path, jobs: int) -> None:
     _preflight(cfg)
     from services.study.runner import run_study
     from services.study.service import StudyRefused
-    from shared.db.migrate import ensure_schema
-    from shared.settings import get_settings
 
-    if get_settings().database_url is None:
-        ensure_schema()
+    _local_schema()
     try:
         study_id = run_study(cfg, jobs, say=click.echo)
     except StudyRefused as e:
@@ -179,12 +176,9 @@ def render(report: Any) -> None:
 def study_report(study_id: int, as_json: bool) -> None:
     """Print a study's verdict table from the database the settings name."""
     from services.study.report import StudyNotFound, build_report
-    from shared.db.migrate import ensure_schema
     from shared.db.session import session_scope
-    from shared.settings import get_settings
 
-    if get_settings().database_url is None:
-        ensure_schema()
+    _local_schema()
     try:
         with session_scope() as s:
             report = build_report(s, study_id)

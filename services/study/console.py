@@ -9,13 +9,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from services.study.report import (
-    AxisReport,
-    ComparisonOut,
-    IntervalOut,
-    MetricBlock,
-    StudyReport,
-)
+from services.study.outputs import ComparisonOut, IntervalOut
+from services.study.questions import AxisReport
+from services.study.report import MetricBlock, StudyReport
 
 
 def num(v: float | None, digits: int = 3) -> str:

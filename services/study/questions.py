@@ -13,16 +13,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from services.study import statistics as st
-from services.study.report import (
-    AxisPoint,
-    AxisReport,
-    ComparisonOut,
-    IntervalOut,
-    TrendReport,
-    TrendRun,
-)
+from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.schemas import StudyConfig
 from shared.db.models import Run
 
@@ -30,6 +26,40 @@ Curves = dict[int, dict[str, list[tuple[int, float]]]]
 # Per group: task, variant, its finished runs by (arm, seed), and its primary comparison of the
 # axis's arms oriented A - B (None where they have no comparison).
 Grouped = list[tuple[str, str, dict[tuple[str, int], Run], ComparisonOut | None]]
+
+
+class AxisPoint(BaseModel):
+    variant: str
+    level: IntervalOut = Field(description="The level its runs of A and B measured, over seeds")
+    diff: IntervalOut | None = Field(description="Mean paired A - B on the primary metric")
+    verdict: str = Field(description="That comparison's verdict")
+
+
+class AxisReport(BaseModel):
+    task: str
+    a: str
+    b: str
+    level_metric: str = Field(description="The level's metric and reduction")
+    points: list[AxisPoint] = Field(description="One per variant, by measured level")
+    statement: str = Field(description="Where A - B changes sign, in one sentence")
+
+
+class TrendRun(BaseModel):
+    run_id: int
+    seed: int
+    variant: str
+    first: float = Field(description="The first point the run recorded")
+    score: float = Field(description="The run's score (the metric reduced as declared)")
+    holds: bool
+
+
+class TrendReport(BaseModel):
+    task: str
+    arm: str
+    metric: str = Field(description="The metric and its reduction")
+    direction: Literal["falls", "rises"]
+    runs: list[TrendRun]
+    statement: str = Field(description="e.g. 'falls in 5 of 6 runs (not at seed 3)'")
 
 
 def axis_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> list[AxisReport]:

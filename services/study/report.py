@@ -22,6 +22,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.study import statistics as st
+from services.study.outputs import ComparisonOut, IntervalOut
+from services.study.questions import AxisReport, TrendReport, axis_reports, trend_reports
 from services.study.schemas import MetricSpec, StudyConfig
 from services.study.service import MAX_ATTEMPTS
 from shared.db.models import EvalOutcome, Run, Step, Study, Update, utcnow
@@ -54,17 +56,6 @@ class StudyNotFound(LookupError):
     """No such study, or not visible to the asking team."""
 
 
-class IntervalOut(BaseModel):
-    point: float | None = Field(description="The statistic on the data")
-    low: float | None = Field(description="Lower bound of the 95 % interval (None below 2)")
-    high: float | None = Field(description="Upper bound of the 95 % interval")
-    n: int = Field(description="Independent values (seeds) it rests on")
-
-    @classmethod
-    def of(cls, iv: st.Interval) -> IntervalOut:
-        return cls(point=iv.point, low=iv.low, high=iv.high, n=iv.n)
-
-
 class ArmScore(BaseModel):
     arm: str = Field(description="Arm name")
     scores: dict[int, float] = Field(description="Seed -> the run's score (completed runs)")
@@ -75,22 +66,6 @@ class ArmScore(BaseModel):
         None, description="Mean with a two-level (seeds, then deals) bootstrap interval"
     )
     runs: dict[int, int] = Field(description="Seed -> run id of the scored run")
-
-
-class ComparisonOut(BaseModel):
-    a: str = Field(description="Arm A")
-    b: str = Field(description="Arm B")
-    seeds: list[int] = Field(description="Seeds both arms finished")
-    diffs: list[float] = Field(description="A - B per shared seed")
-    mean_diff: IntervalOut = Field(description="Mean paired difference A - B with its interval")
-    p_value: float | None = Field(description="Two-sided sign-flip permutation p")
-    exact: bool = Field(description="Every sign pattern enumerated (else 100,000 sampled)")
-    verdict: str = Field(description="'A > B' (A better), 'B > A', or 'not decided at N seeds'")
-    winner: str | None = Field(description="The better arm when decided")
-    effect_size: float | None = Field(description="Mean / sd of the differences (d_z)")
-    seeds_for_power: int | None = Field(description="Seeds the observed effect needs (80 %)")
-    p_improvement: IntervalOut = Field(description="P(a run of A beats a run of B)")
-    runs: list[int] = Field(description="Run ids of both arms on the shared seeds")
 
 
 class MetricBlock(BaseModel):
@@ -173,40 +148,6 @@ class GroupReport(BaseModel):
     )
 
 
-class AxisPoint(BaseModel):
-    variant: str
-    level: IntervalOut = Field(description="The level its runs of A and B measured, over seeds")
-    diff: IntervalOut | None = Field(description="Mean paired A - B on the primary metric")
-    verdict: str = Field(description="That comparison's verdict")
-
-
-class AxisReport(BaseModel):
-    task: str
-    a: str
-    b: str
-    level_metric: str = Field(description="The level's metric and reduction")
-    points: list[AxisPoint] = Field(description="One per variant, by measured level")
-    statement: str = Field(description="Where A - B changes sign, in one sentence")
-
-
-class TrendRun(BaseModel):
-    run_id: int
-    seed: int
-    variant: str
-    first: float = Field(description="The first point the run recorded")
-    score: float = Field(description="The run's score (the metric reduced as declared)")
-    holds: bool
-
-
-class TrendReport(BaseModel):
-    task: str
-    arm: str
-    metric: str = Field(description="The metric and its reduction")
-    direction: Literal["falls", "rises"]
-    runs: list[TrendRun]
-    statement: str = Field(description="e.g. 'falls in 5 of 6 runs (not at seed 3)'")
-
-
 class StudyReport(BaseModel):
     id: int
     name: str
@@ -251,7 +192,6 @@ def build_report(session: Session, study_id: int, team: str | None = None) -> St
         axis = spec.axis if spec is not None else None
         pair = _oriented(group.primary, axis.a, axis.b) if axis is not None else None
         grouped.append((task, variant, done, pair))
-    from services.study.questions import axis_reports, trend_reports  # they read these models
 
     return StudyReport(
         id=study.id,

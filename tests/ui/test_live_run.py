@@ -137,7 +137,7 @@ def watched(browser, base_url: str, warm_checkpoint: Path, tmp_path_factory) -> 
         "train": {"num_envs": 4, "num_steps": 4, "num_updates": 2, "minibatch_size": 8,
                   "ppo_epochs": 1},
         "corrector": {"wait": "update", "wait_timeout_s": 60},
-        "metrics": {"probe_states": 4, "eval_episodes": 2, "eval_every": 1},
+        "metrics": {"probe_states": 4, "eval_episodes": 64, "eval_every": 1},
     })  # fmt: skip
     with session_scope() as s:
         run_id = create_run(s, cfg, TEAM).id
@@ -155,10 +155,17 @@ def watched(browser, base_url: str, warm_checkpoint: Path, tmp_path_factory) -> 
         page.locator("#charts-empty", has_text="No update recorded yet").wait_for()
         watch = _watch(base_url, read, run_id)
         thread, result = _drive(run_id, str(base))
-        # Through the warm start to the end of update 0, then cancel from the page.
-        _follow(w, page, api, lambda r: r["updates_done"] >= 1 or r["status"] in TERMINAL)
+
+        # Through the warm start into update 0's evaluation (64 deals: seconds), then cancel
+        # from the page. A cancel sent while update 0 evaluates is seen as update 1 begins,
+        # whatever the host's speed; one sent later could lose the race with update 1's short
+        # rollout, after which the last update runs to completion.
+        _follow(w, page, api, lambda r: r["phase"] == "evaluating" or r["updates_done"] >= 1)
+        assert w.samples[-1]["updates_done"] == 0, "update 0 ended before its evaluation was seen"
         with page.expect_navigation():
             page.click("#cancel-run")
+        # The page the cancel lands on renders the phase the run is in: update 0's evaluation.
+        w.page_phases.append(page.locator("#run-phase [data-field=phase]").inner_text())
         w.after_cancel = {
             "url": page.url,
             "notices": page.locator(".notice:visible").all_inner_texts(),

@@ -16,8 +16,9 @@ from sqlalchemy import select
 
 from services.study import statistics as st
 from services.study.console import render_report
-from services.study.questions import sign_statement
-from services.study.report import AxisPoint, IntervalOut, build_report
+from services.study.outputs import IntervalOut
+from services.study.questions import AxisPoint, sign_statement
+from services.study.report import build_report
 from services.study.schemas import MetricSpec, StudyConfig
 from shared.db.models import Run, Update
 from shared.db.session import session_scope

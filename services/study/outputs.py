@@ -1,0 +1,35 @@
+"""The pieces of a study's report that more than one module builds (services/study/report.py,
+services/study/questions.py): an interval, and a paired comparison of two arms, as shown."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from services.study import statistics as st
+
+
+class IntervalOut(BaseModel):
+    point: float | None = Field(description="The statistic on the data")
+    low: float | None = Field(description="Lower bound of the 95 % interval (None below 2)")
+    high: float | None = Field(description="Upper bound of the 95 % interval")
+    n: int = Field(description="Independent values (seeds) it rests on")
+
+    @classmethod
+    def of(cls, iv: st.Interval) -> IntervalOut:
+        return cls(point=iv.point, low=iv.low, high=iv.high, n=iv.n)
+
+
+class ComparisonOut(BaseModel):
+    a: str = Field(description="Arm A")
+    b: str = Field(description="Arm B")
+    seeds: list[int] = Field(description="Seeds both arms finished")
+    diffs: list[float] = Field(description="A - B per shared seed")
+    mean_diff: IntervalOut = Field(description="Mean paired difference A - B with its interval")
+    p_value: float | None = Field(description="Two-sided sign-flip permutation p")
+    exact: bool = Field(description="Every sign pattern enumerated (else 100,000 sampled)")
+    verdict: str = Field(description="'A > B' (A better), 'B > A', or 'not decided at N seeds'")
+    winner: str | None = Field(description="The better arm when decided")
+    effect_size: float | None = Field(description="Mean / sd of the differences (d_z)")
+    seeds_for_power: int | None = Field(description="Seeds the observed effect needs (80 %)")
+    p_improvement: IntervalOut = Field(description="P(a run of A beats a run of B)")
+    runs: list[int] = Field(description="Run ids of both arms on the shared seeds")
