@@ -1,6 +1,6 @@
 """``gtr study``: run a study here (`run`), or on the full stack over REST (`create`, `list`,
-`cancel`, `resume`), print its verdict table (`report`), and carry it between stores as one file
-(`export`, `import`: services/study/bundle.py)."""
+`cancel`, `resume`), print its verdict table (`report`) or its learning curves (`figure`), and
+carry it between stores as one file (`export`, `import`: services/study/bundle.py)."""
 
 from __future__ import annotations
 
@@ -226,6 +226,42 @@ def study_cancel(study_id: int, url: str | None, token: str | None) -> None:
 def study_resume(study_id: int, url: str | None, token: str | None) -> None:
     """Resume a cancelled or stopped study; finished runs are never rerun."""
     click.echo(_call(_client(url, token), "POST", f"/api/studies/{study_id}/resume")["status"])
+
+
+@study.command("figure")
+@click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="The PNG to write.",
+)
+@click.option(
+    "--metric",
+    default=None,
+    help="The metric whose curves to draw (default: the study's primary metric).",
+)
+def study_figure(study_id: int, out: Path, metric: str | None) -> None:
+    """Draw a study's learning curves (mean over seeds, 95 % band) as one PNG."""
+    from services.study.figure import NoCurve, draw_curves
+    from services.study.report import StudyNotFound, build_report
+    from shared.db.session import session_scope
+
+    _local_schema()
+    try:
+        with session_scope() as s:
+            report = build_report(s, study_id)
+    except StudyNotFound:
+        raise click.ClickException(f"study {study_id} not found") from None
+    if not out.parent.is_dir():
+        raise click.ClickException(f"no folder {out.parent} to write {out.name} in")
+    chosen = metric or report.primary.split(" (")[0]
+    try:
+        panels = draw_curves(report, chosen, out)
+    except NoCurve as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"study {study_id}: {panels} panel{'' if panels == 1 else 's'} of {chosen} -> {out}")
 
 
 @study.command("export")

@@ -1,0 +1,62 @@
+"""`gtr study figure`: a study's learning curves as one PNG, for a results page in git.
+
+One panel per task (and variant), one line per arm: at each update the mean over the seeds that
+reached it, with its 95 % bootstrap band, exactly the report's curves (services/study/report.py).
+The file depends only on the stored rows: the same data draws the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.study.report import StudyReport
+
+
+class NoCurve(ValueError):
+    """The study has recorded no point of the metric yet."""
+
+
+def draw_curves(report: StudyReport, metric: str, out: Path) -> int:
+    """Write the panels of ``metric`` to ``out`` (PNG); returns how many panels were drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; the same rendering everywhere
+    import matplotlib.pyplot as plt
+
+    groups = [g for g in report.groups if any(c.metric == metric and c.points for c in g.curves)]
+    if not groups:
+        raise NoCurve(f"study {report.id} has no point of {metric} yet")
+    # One colour per arm in every panel, in the study's order of arms.
+    arms = list(dict.fromkeys(a for g in groups for a in g.arms))
+    palette = plt.get_cmap("tab10")
+    colour = {arm: palette(i % 10) for i, arm in enumerate(arms)}
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False, sharey=True
+    )
+    for ax, g in zip(axes[0], groups, strict=True):
+        for curve in g.curves:
+            if curve.metric != metric or not curve.points:
+                continue
+            x = [p.update for p in curve.points]
+            seeds = max(p.n for p in curve.points)
+            label = f"{curve.arm} ({seeds} seed{'' if seeds == 1 else 's'})"
+            ax.plot(x, [p.mean for p in curve.points], color=colour[curve.arm], label=text(label))
+            low = [p.mean if p.low is None else p.low for p in curve.points]
+            high = [p.mean if p.high is None else p.high for p in curve.points]
+            ax.fill_between(x, low, high, color=colour[curve.arm], alpha=0.2, linewidth=0)
+        ax.set_title(text(g.task + (f" · {g.variant}" if g.variant else "")), fontsize=10)
+        ax.set_xlabel("update")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel(text(metric))
+    fig.suptitle(text(f"{report.name}: mean over seeds, 95 % band"), fontsize=10)
+    fig.tight_layout()
+    # No software version or date in the file: the same rows give the same bytes.
+    fig.savefig(out, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return len(groups)
+
+
+def text(s: str) -> str:
+    """A name drawn as written: matplotlib reads `$...$` as math, which a name must not be."""
+    return s.replace("$", r"\$")
