@@ -149,6 +149,25 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
     assert "study 1 (existing): 0 runs imported, 4 already here" in again.stdout
     assert _sizes(sqlite) == before
 
+    # And back: exported from this SQLite store, imported into PostgreSQL under another team
+    # (a study of its own there), the report is still the original's.
+    back = tmp_path / "back.json.gz"
+    assert (
+        gtr_cli("study", "export", "1", "--out", str(back), env=_embedded(tmp_path)).returncode == 0
+    )
+    team = f"{real_study.team}-returned"
+    home = gtr_cli("study", "import", str(back), "--team", team)
+    assert home.returncode == 0 and "(new): 4 runs imported" in home.stdout, home.stderr
+    with session_scope() as s:
+        (study,) = s.scalars(select(Study).where(Study.team == team)).all()
+        returned = build_report(s, study.id)
+        hops = {
+            r.id: ids[r.info["imported"]["from_run"]]
+            for r in s.scalars(select(Run).where(Run.study_id == study.id))
+        }
+    assert returned.team == team
+    assert _comparable(returned, hops) == _comparable(original) | {"team": team}
+
 
 def test_a_bundle_without_a_run_leaves_that_cell_to_train(bundle: Path, tmp_path: Path) -> None:
     data = json.loads(gzip.decompress(bundle.read_bytes()))
