@@ -68,7 +68,9 @@ def parse_output(
         raw = text[at + len('"action":') :].strip() if at >= 0 else text[-1:]
         action = project(text, action_names, points)
         return ParsedOutput(None, raw or None, action, False, action is not None)
-    thought = json.dumps({k: v for k, v in obj.items() if k != "action"})
+    # Characters as written (no \uXXXX escapes), as corrected thoughts are stored: PostgreSQL's
+    # text search reads the stored text as it is, so an escaped "café" would not match "café".
+    thought = json.dumps({k: v for k, v in obj.items() if k != "action"}, ensure_ascii=False)
     value = obj.get("action")
     has_action = isinstance(value, str | int | float) and not isinstance(value, bool)
     action = _match_value(str(value), action_names, points) if has_action else None

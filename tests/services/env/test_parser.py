@@ -92,3 +92,11 @@ def test_never_raises_on_odd_input() -> None:
         p = _parse("points24", text)
         assert not p.format_valid
     assert _parse("points24", "[1, 2]").fields == {}
+
+
+def test_the_thought_keeps_its_characters_as_written() -> None:
+    """Stored as written, not as \\u escapes: the text PostgreSQL's search indexes."""
+    text = '{"thoughts": "café → 12 «ok» \\"q\\" <b>", "action": "-"}'
+    p = _parse("numberline", text)
+    assert p.thought == '{"thoughts": "café → 12 «ok» \\"q\\" <b>"}'
+    assert "\\u" not in p.thought and json.loads(p.thought)["thoughts"].startswith("café")
