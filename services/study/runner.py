@@ -147,6 +147,10 @@ def _release(children: list[Child]) -> None:
 def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
     """Run (or resume) the study to its end with ``jobs`` training processes; its id."""
     study_id, existed = open_study(cfg)
+    with session_scope() as s:  # the runs in flight at once here: what the study's ETA divides by
+        study = s.get(Study, study_id)
+        assert study is not None
+        study.concurrency = jobs
     say(f"study {study_id}: {cfg.name} ({'resumed' if existed else 'new'}), {_size(cfg)}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     children: list[Child] = []

@@ -126,3 +126,7 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
     assert {(o.deal, o.seed) for o in outcomes} == {(d, eval_seed(d)) for d in range(8)}
     again = gtr_cli("study", "run", str(DEMO), env=env, timeout=300)  # resumes: nothing to rerun
     assert again.returncode == 0 and "started" not in again.stdout, again.stdout
+    with session_scope(url) as s:  # the ETA's divisor: the processes of the last invocation
+        study = s.get(Study, 1)
+        declared = StudyConfig.from_toml(DEMO).concurrency
+        assert study is not None and study.concurrency == 1 != declared
