@@ -175,15 +175,7 @@ def render(report: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def study_report(study_id: int, as_json: bool) -> None:
     """Print a study's verdict table from the database the settings name."""
-    from services.study.report import StudyNotFound, build_report
-    from shared.db.session import session_scope
-
-    _local_schema()
-    try:
-        with session_scope() as s:
-            report = build_report(s, study_id)
-    except StudyNotFound:
-        raise click.ClickException(f"study {study_id} not found") from None
+    report = _stored_report(study_id)
     if as_json:
         click.echo(json.dumps(report.model_dump(mode="json"), indent=2))
     else:
@@ -245,18 +237,10 @@ def study_resume(study_id: int, url: str | None, token: str | None) -> None:
 def study_figure(study_id: int, out: Path, metric: str | None) -> None:
     """Draw a study's learning curves (mean over seeds, 95 % band) as one PNG."""
     from services.study.figure import NoCurve, draw_curves
-    from services.study.report import StudyNotFound, build_report
-    from shared.db.session import session_scope
 
-    _local_schema()
-    try:
-        with session_scope() as s:
-            report = build_report(s, study_id)
-    except StudyNotFound:
-        raise click.ClickException(f"study {study_id} not found") from None
-    if not out.parent.is_dir():
-        raise click.ClickException(f"no folder {out.parent} to write {out.name} in")
-    chosen = metric or report.primary.split(" (")[0]
+    report = _stored_report(study_id)
+    _check_folder(out)
+    chosen = metric or next((g.primary.metric for g in report.groups), report.primary)
     try:
         panels = draw_curves(report, chosen, out)
     except NoCurve as e:
@@ -285,8 +269,7 @@ def study_export(study_id: int, out: Path) -> None:
             bundle = export_study(s, study_id)
     except StudyNotFound:
         raise click.ClickException(f"study {study_id} not found") from None
-    if not out.parent.is_dir():
-        raise click.ClickException(f"no folder {out.parent} to write {out.name} in")
+    _check_folder(out)
     write_bundle(bundle, out)
     done = sum(r["status"] == "completed" for r in bundle["runs"])
     click.echo(
@@ -320,6 +303,24 @@ def study_import(file: Path, team: str | None) -> None:
             "rerun the study file with `gtr study run FILE` here (or `gtr study resume "
             f"{got.study_id}` on the full stack) to train them"
         )
+
+
+def _stored_report(study_id: int) -> Any:
+    """The study's report from the database the settings name; a missing study is one line."""
+    from services.study.report import StudyNotFound, build_report
+    from shared.db.session import session_scope
+
+    _local_schema()
+    try:
+        with session_scope() as s:
+            return build_report(s, study_id)
+    except StudyNotFound:
+        raise click.ClickException(f"study {study_id} not found") from None
+
+
+def _check_folder(out: Path) -> None:
+    if not out.parent.is_dir():
+        raise click.ClickException(f"no folder {out.parent} to write {out.name} in")
 
 
 def _local_schema() -> None:
