@@ -103,7 +103,8 @@ def axis_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> 
 
 
 def sign_statement(a: str, b: str, level: str, points: list[AxisPoint]) -> str:
-    """Between which measured levels A - B changes sign, or that it does not."""
+    """Between which measured levels A - B changes sign, or that it does not. A level where the
+    difference is exactly 0 is a tie, named as such: it neither keeps nor changes the sign."""
     known = [
         p
         for p in points
@@ -112,21 +113,25 @@ def sign_statement(a: str, b: str, level: str, points: list[AxisPoint]) -> str:
     if len(known) < 2:
         return f"{a} - {b}: fewer than two levels measured, no sign change can be placed"
     lo, hi = known[0].level.point, known[-1].level.point
-    signs = [_sign(p.diff.point) for p in known]  # type: ignore[union-attr, arg-type]
     decided = sum(not p.verdict.startswith("not decided") for p in known)
     tail = f" ({decided} of {len(known)} levels decided)"
+    ties = [f"{p.level.point:.2f}" for p in known if p.diff.point == 0]  # type: ignore[union-attr]
+    tied = f"; tied at {', '.join(ties)}" if ties else ""
+    signed = [p for p in known if p.diff.point != 0]  # type: ignore[union-attr]
+    if not signed:
+        return f"{a} - {b} is 0 at every measured {level}{tail}"
     changes = [
         f"{x.level.point:.2f} ({x.diff.point:+.3f}) and {y.level.point:.2f} ({y.diff.point:+.3f})"  # type: ignore[union-attr]
-        for x, y, sx, sy in zip(known, known[1:], signs, signs[1:], strict=False)
-        if sx != sy
+        for x, y in zip(signed, signed[1:], strict=False)
+        if _sign(x.diff.point) != _sign(y.diff.point)  # type: ignore[union-attr, arg-type]
     ]
     if not changes:
-        word = {1: "positive", -1: "negative", 0: "zero"}[signs[0]]
+        word = "positive" if signed[0].diff.point > 0 else "negative"  # type: ignore[union-attr, operator]
         return (
-            f"{a} - {b} is {word} at every measured {level} from {lo:.2f} to {hi:.2f}: no "
-            f"sign change within the tested range{tail}"
+            f"{a} - {b} is {word} at every measured {level} from {lo:.2f} to {hi:.2f} where it "
+            f"is not 0: no sign change within the tested range{tied}{tail}"
         )
-    return f"{a} - {b} changes sign between {level} " + "; and between ".join(changes) + tail
+    return f"{a} - {b} changes sign between {level} " + "; and between ".join(changes) + tied + tail
 
 
 def trend_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> list[TrendReport]:

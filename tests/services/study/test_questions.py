@@ -179,8 +179,18 @@ def _point(variant: str, level: float, diff: float, verdict: str = "not decided 
 def test_the_sign_statement_places_each_change_between_its_levels() -> None:
     same = [_point("low", 0.32, 0.05), _point("mid", 0.71, 0.02), _point("high", 1.0, 0.1)]
     assert sign_statement("gtr", "sft", "acc", same) == (
-        "gtr - sft is positive at every measured acc from 0.32 to 1.00: no sign change within "
-        "the tested range (0 of 3 levels decided)"
+        "gtr - sft is positive at every measured acc from 0.32 to 1.00 where it is not 0: no "
+        "sign change within the tested range (0 of 3 levels decided)"
+    )
+    # A tie is not a change of sign (the first study v3 seeds: 0 at the lowest level).
+    tie = [_point("low", 0.29, 0.0), _point("mid", 0.69, 0.27), _point("high", 1.0, 0.29)]
+    assert sign_statement("gtr", "sft", "acc", tie) == (
+        "gtr - sft is positive at every measured acc from 0.29 to 1.00 where it is not 0: no "
+        "sign change within the tested range; tied at 0.29 (0 of 3 levels decided)"
+    )
+    zeros = [_point("low", 0.3, 0.0), _point("high", 1.0, 0.0)]
+    assert sign_statement("gtr", "sft", "acc", zeros) == (
+        "gtr - sft is 0 at every measured acc (0 of 2 levels decided)"
     )
     flips = [
         _point("low", 0.32, 0.05, "gtr > sft"),
