@@ -220,15 +220,20 @@ def study_resume(study_id: int, url: str | None, token: str | None) -> None:
     click.echo(_call(_client(url, token), "POST", f"/api/studies/{study_id}/resume")["status"])
 
 
+def _out_option(help: str) -> Any:
+    """The file a command writes (its folder must exist: `_check_folder`)."""
+    return click.option(
+        "--out",
+        "out",
+        required=True,
+        type=click.Path(dir_okay=False, writable=True, path_type=Path),
+        help=help,
+    )
+
+
 @study.command("figure")
 @click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
-@click.option(
-    "--out",
-    "out",
-    required=True,
-    type=click.Path(dir_okay=False, writable=True, path_type=Path),
-    help="The PNG to write.",
-)
+@_out_option("The PNG to write.")
 @click.option(
     "--metric",
     default=None,
@@ -250,13 +255,7 @@ def study_figure(study_id: int, out: Path, metric: str | None) -> None:
 
 @study.command("export")
 @click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
-@click.option(
-    "--out",
-    "out",
-    required=True,
-    type=click.Path(dir_okay=False, writable=True, path_type=Path),
-    help="The bundle to write: FILE.json.gz (gzip'd) or FILE.json.",
-)
+@_out_option("The bundle to write: FILE.json.gz (gzip'd) or FILE.json.")
 def study_export(study_id: int, out: Path) -> None:
     """Write a study's file and finished runs (what its report reads) to one bundle."""
     from services.study.bundle import export_study, write_bundle
