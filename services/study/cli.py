@@ -72,13 +72,13 @@ def study_run(file: Path, jobs: int) -> None:
     """Run a study in this machine's processes (embedded default); rerun to resume it."""
     cfg = load_study(file)
     _preflight(cfg)
-    from services.study.runner import run_study
+    from services.study.runner import StudyUnreadable, run_study
     from services.study.service import StudyRefused
 
     _local_schema()
     try:
         study_id = run_study(cfg, jobs, say=click.echo)
-    except StudyRefused as e:
+    except (StudyRefused, StudyUnreadable) as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
         sys.exit(130)
@@ -306,7 +306,8 @@ def study_import(file: Path, team: str | None) -> None:
 
 def _stored_report(study_id: int) -> Any:
     """The study's report from the database the settings name; a missing study is one line."""
-    from services.study.report import StudyNotFound, build_report
+    from services.study.report import build_report
+    from services.study.service import StudyNotFound
     from shared.db.session import session_scope
 
     _local_schema()

@@ -25,7 +25,7 @@ from services.study import statistics as st
 from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.questions import AxisReport, TrendReport, axis_reports, trend_reports
 from services.study.schemas import MetricSpec, StudyConfig
-from services.study.service import MAX_ATTEMPTS
+from services.study.service import MAX_ATTEMPTS, StudyNotFound
 from shared.db.models import EvalOutcome, Run, Step, Study, Update, utcnow
 
 # The collapse monitors of services/controller/metrics.py (probe_metrics), always reported
@@ -50,10 +50,6 @@ DEAL_FIELDS = {
 # tests/services/study/test_report.py draws deals to check the small ones.
 DEAL_SPACE = {"numberline": 30, "ezpoints": 304, "points24": 52**4}
 RUN_DONE = "completed"
-
-
-class StudyNotFound(LookupError):
-    """No such study, or not visible to the asking team."""
 
 
 class ArmScore(BaseModel):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from services.study import service
@@ -154,6 +155,8 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
     say(f"study {study_id}: {cfg.name} ({'resumed' if existed else 'new'}), {_size(cfg)}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     children: list[Child] = []
+    unreadable: str | None = None  # why the stored study file stopped validating, once it did
+    done, status = False, ""
     # A kill (SIGTERM) stops it as Ctrl-C does: the children's runs go back to the queue.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -161,16 +164,32 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
             for c in [c for c in children if c.proc.poll() is not None]:
                 children.remove(c)
                 _reap(c, say)
-            with session_scope() as s:
-                study = s.get(Study, study_id)
-                assert study is not None
-                queued = service.advance(s, study, limit=jobs)
-                done, status = service.finished(study), study.status
-            for run in queued:
-                log.info("study %s queued run %s", study_id, run.id)
-            for run_id in _claim(study_id, jobs - len(children)):
-                children.append(_spawn(study_id, run_id, threads))
-                say(_started(run_id))
+            if unreadable is None:
+                try:
+                    with session_scope() as s:
+                        study = s.get(Study, study_id)
+                        assert study is not None
+                        queued = service.advance(s, study, limit=jobs)
+                        done, status = service.finished(study), study.status
+                except ValidationError as e:
+                    # Another process stored a study file this version cannot read (a newer
+                    # version's): start nothing more, let the runs in flight finish.
+                    unreadable = _first_error(e)
+                    say(
+                        f"study {study_id}: its stored file no longer validates here "
+                        f"({unreadable}); no new run starts, {len(children)} running finish"
+                    )
+                    continue
+                for run in queued:
+                    log.info("study %s queued run %s", study_id, run.id)
+                for run_id in _claim(study_id, jobs - len(children)):
+                    children.append(_spawn(study_id, run_id, threads))
+                    say(_started(run_id))
+            if unreadable is not None and not children:
+                raise StudyUnreadable(
+                    f"study {study_id}'s stored file was replaced by one this version cannot "
+                    f"read ({unreadable}); run `gtr study run` from the version that wrote it"
+                )
             if done and not children:
                 say(f"study {study_id} {status}")
                 return study_id
@@ -181,6 +200,16 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class StudyUnreadable(RuntimeError):
+    """The study's stored file stopped validating under this runner (version skew)."""
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err["loc"]) or "file"
+    return f"{where}: {err['msg']}"
 
 
 def _interrupt(signum: int, frame: object) -> None:

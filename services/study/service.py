@@ -29,7 +29,7 @@ ACTIVE = ("queued", "running")
 
 
 class StudyNotFound(LookupError):
-    pass
+    """No such study, or not visible to the asking team."""
 
 
 class StudyConflict(RuntimeError):

@@ -9,8 +9,9 @@ from sqlalchemy import select
 
 from services.study import statistics as st
 from services.study.console import render_report
-from services.study.report import DEAL_SPACE, StudyNotFound, build_report, deal_key
+from services.study.report import DEAL_SPACE, build_report, deal_key
 from services.study.schemas import MetricSpec
+from services.study.service import StudyNotFound
 from shared.db.models import EvalOutcome, Run, Update
 from shared.db.session import session_scope
 from tests.services.study.tiny_study import HOSTILE_ARM, QUOTED_ARM, TinyStudy

@@ -4,6 +4,9 @@ embedded default, its evaluation deals stored from the evaluation seed space."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from services.study.schemas import StudyConfig
 from shared.db.models import EvalOutcome, Run, Study
 from shared.db.session import session_scope
 from shared.seeds import eval_seed
-from tests.e2e.helpers import ROOT
+from tests.e2e.helpers import ROOT, tiny_config
 from tests.services.study.tiny_study import gtr_cli
 
 DEMO = ROOT / "configs" / "studies" / "demo.toml"
@@ -130,3 +133,73 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
         study = s.get(Study, 1)
         declared = StudyConfig.from_toml(DEMO).concurrency
         assert study is not None and study.concurrency == 1 != declared
+
+
+def test_a_stored_file_this_version_cannot_read_stops_new_runs_and_exits_with_one_message(
+    tmp_path: Path, warm_checkpoint: Path, default_model_dir: Path
+) -> None:
+    """Version skew: another process stores a study file this runner's version cannot read (a
+    field it does not know). The runner starts no further run, lets the one in flight finish,
+    and stops with one message and exit 1, not a traceback."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=4, updates=3))
+    study_file = tmp_path / "study.toml"
+    study_file.write_text(
+        f'name = "skew"\nseeds = [0, 1]\neval_episodes = 4\n[tasks.numberline]\n'
+        f'config = "{run_file}"\n[arms.gtr]\nalgorithm = "gtr"\n'
+    )
+    data = tmp_path / "data"
+    env = {
+        **os.environ,
+        "GTR_DATA_DIR": str(data),
+        "GTR_MODEL_DIR": str(default_model_dir.parent),
+    }
+    for key in ("GTR_DATABASE_URL", "GTR_REDIS_URL"):
+        env.pop(key, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "study", "run", str(study_file), "--jobs", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    db = data / "gtr.sqlite3"
+
+    def statuses() -> list[str]:
+        with sqlite3.connect(db) as c:
+            return [r[0] for r in c.execute("SELECT status FROM runs ORDER BY id")]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (db.exists() and "running" in _or_empty(statuses)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        with sqlite3.connect(db) as c:  # what a newer version would store: a field unknown here
+            (spec,) = c.execute("SELECT spec FROM studies").fetchone()
+            c.execute(
+                "UPDATE studies SET spec = ?",
+                (json.dumps({**json.loads(spec), "from_the_future": True}),),
+            )
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err, err
+    assert "its stored file no longer validates here (from_the_future:" in out
+    assert "cannot read (from_the_future: Extra inputs are not permitted)" in err
+    # The run in flight finished; the second seed never started.
+    assert statuses() == ["completed"], out
+
+
+def _or_empty(get: Callable[[], list[str]]) -> list[str]:
+    try:
+        return get()
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return []
