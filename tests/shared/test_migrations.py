@@ -1,13 +1,22 @@
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
-from sqlalchemy import create_engine, inspect
+import pytest
+from sqlalchemy import create_engine, inspect, select
 
+from services.api.search import StepFilter, search_steps
+from services.env.parser import parse_output
 from shared.db.migrate import downgrade, upgrade
-from shared.db.models import Base
+from shared.db.models import Base, Run, Step
+from shared.db.session import session_scope
+from shared.schemas import RunConfig
 from tests.conftest import PG_ADMIN
+from tests.services.trainer.dbutil import make_run, make_step
 
 TABLES = {
     "runs",
@@ -52,3 +61,56 @@ def test_sqlite_migrations_match_models(tmp_path) -> None:
         assert cols == {c.name for c in table.columns}, table.name
     downgrade(url)
     assert not TABLES & set(inspect(engine).get_table_names())
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def empty_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no schema yet, on each dialect."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'x.sqlite3'}"
+        return
+    request.getfixturevalue("pg_url")  # PostgreSQL reachable, or the reason
+    name = f"gtr_mig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_thoughts_stored_with_escapes_are_found_by_their_words_after_0011(
+    empty_store: str,
+) -> None:
+    url = empty_store
+    upgrade(url, "0010")
+    output = '{"thoughts": "le cœur naïf: 24 à la clé", "action": "+"}'  # as a model writes
+    parsed = parse_output(output, ["+"], ("thoughts",))
+    assert parsed.thought is not None and "cœur" in parsed.thought  # today's parser: characters
+    before = json.dumps(json.loads(parsed.thought))  # the parser before it: json.dumps' default
+    by_hand = '{"thoughts":"caf\\u00e9"}'  # not json.dumps' layout: not the parser's, left alone
+    literal = json.dumps({"thoughts": "a backslash-u: \\u00e9"})  # no escape to decode
+    with session_scope(url) as s:
+        run = make_run(s, RunConfig.model_validate({"task": "numberline"}))
+        texts = [before, by_hand, literal]
+        for i, text in enumerate(texts):
+            make_step(s, run, i, "+", None).thought = text
+        run_id = run.id
+
+    def found(q: str) -> list[int]:
+        with session_scope(url) as s:
+            got = s.get(Run, run_id)
+            assert got is not None
+            return [step.rollout_pos for step in search_steps(s, got, StepFilter(q=q), 10).steps]
+
+    if url.startswith("postgresql"):
+        assert found("cœur") == []  # the escape hid the word from PostgreSQL's search
+    upgrade(url)
+    with session_scope(url) as s:
+        stored = s.scalars(select(Step.thought).where(Step.run_id == run_id).order_by(Step.id))
+        assert list(stored) == [parsed.thought, by_hand, literal]
+    assert found("cœur") == [0] and found("naïf") == [0]
+    downgrade(url, "0010")  # nothing to undo: the same JSON either way
+    with session_scope(url) as s:
+        assert s.scalar(select(Step.thought).where(Step.rollout_pos == 0)) == parsed.thought
