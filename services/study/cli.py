@@ -173,11 +173,23 @@ def render(report: Any) -> None:
 @study.command("report")
 @click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
-def study_report(study_id: int, as_json: bool) -> None:
+@click.option(
+    "--markdown",
+    "as_markdown",
+    is_flag=True,
+    help="The verdict section as Markdown, for a results page (no run ids, ETA or dates).",
+)
+def study_report(study_id: int, as_json: bool, as_markdown: bool) -> None:
     """Print a study's verdict table from the database the settings name."""
+    if as_json and as_markdown:
+        raise click.UsageError("--json and --markdown: choose one")
     report = _stored_report(study_id)
     if as_json:
         click.echo(json.dumps(report.model_dump(mode="json"), indent=2))
+    elif as_markdown:
+        from services.study.markdown import render_markdown
+
+        click.echo(render_markdown(report), nl=False)
     else:
         render(report)
 

@@ -111,6 +111,12 @@ def report_renderable(report: StudyReport) -> RenderableType:
                 Text(f"⚠ seeds {seeds}: the arms started from different weights", style="bold red")
             )
         parts.append(_arms_table(g.primary))
+        timed = [c for c in g.cost if c.minutes is not None]
+        if timed:
+            each = Text("wall-minutes per run: ", style="dim")
+            for i, c in enumerate(timed):
+                each.append((", " if i else "") + c.arm + f" {c.minutes:.1f}", style="dim")
+            parts.append(each)
         table = _comparisons_table(g.primary)
         if table is not None:
             parts.append(table)

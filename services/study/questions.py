@@ -186,7 +186,7 @@ def _runs_of(arm: str, groups: Iterable[dict[tuple[str, int], Run]]) -> list[Run
 
 def _trend_statement(direction: str, runs: list[TrendRun]) -> str:
     if not runs:
-        return "no finished run recorded the metric"
+        return "is not recorded by any finished run yet"
     held = sum(r.holds for r in runs)
     out = f"{direction} in {held} of {len(runs)} runs"
     if held < len(runs):

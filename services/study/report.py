@@ -125,6 +125,15 @@ class Progress(BaseModel):
     eta_s: float | None = Field(description="Seconds left at the observed update rate")
 
 
+class ArmCost(BaseModel):
+    arm: str
+    runs: int = Field(description="Finished runs that recorded their updates' seconds")
+    minutes: float | None = Field(
+        description="Mean wall-minutes per run of its updates (rollout, training, evaluation; "
+        "not the warm start), at the concurrency the runs had"
+    )
+
+
 class GroupReport(BaseModel):
     task: str
     variant: str = Field(description="'' when the study has no variants")
@@ -142,6 +151,7 @@ class GroupReport(BaseModel):
         description="Seeds whose finished runs started from different weights (their "
         "init_weights_sha256 differ): the paired comparison at such a seed is not like for like",
     )
+    cost: list[ArmCost] = Field(default_factory=list, description="What a run of each arm took")
 
 
 class StudyReport(BaseModel):
@@ -339,6 +349,22 @@ def _group(
         curves=[_curve(arm, spec.metric, cell_runs, curves) for spec, _ in blocks for arm in arms],
         deal_space=_deal_space(session, task, list(cell_runs.values())),
         split_starts=split_starts(done),
+        cost=[_cost(arm, done, curves) for arm in arms],
+    )
+
+
+def _cost(
+    arm: str,
+    done: dict[tuple[str, int], Run],
+    curves: dict[int, dict[str, list[tuple[int, float]]]],
+) -> ArmCost:
+    seconds = [
+        sum(v for _, v in curves[run.id]["update_s"])
+        for (a, _), run in done.items()
+        if a == arm and curves.get(run.id, {}).get("update_s")
+    ]
+    return ArmCost(
+        arm=arm, runs=len(seconds), minutes=sum(seconds) / len(seconds) / 60 if seconds else None
     )
 
 

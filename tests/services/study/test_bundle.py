@@ -275,6 +275,11 @@ def test_a_seed_whose_arms_started_from_different_weights_is_flagged(
     table = gtr_cli("study", "report", "1", env=_embedded(tmp_path))
     assert table.returncode == 0, table.stderr
     assert f"seeds {run['study_seed']}: the arms started from different weights" in table.stdout
+    md = gtr_cli("study", "report", "1", "--markdown", env=_embedded(tmp_path))
+    assert md.returncode == 0, md.stderr
+    assert f"**seeds {run['study_seed']}: the arms started from different weights**" in md.stdout
+    both = gtr_cli("study", "report", "1", "--markdown", "--json", env=_embedded(tmp_path))
+    assert both.returncode == 2 and "choose one" in both.stderr and "Traceback" not in both.stderr
     with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
         token = create_token(s, "browse", "read", data["study"]["team"])[1]
     with serving(tmp_path) as base:

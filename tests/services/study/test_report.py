@@ -4,6 +4,8 @@ hostile arm names as text."""
 
 from __future__ import annotations
 
+import html
+
 import pytest
 from sqlalchemy import select
 
@@ -130,6 +132,16 @@ def test_deal_space_counts_evaluation_deals_seen_in_training(report) -> None:  #
     assert ds.in_training is not None and 0 <= ds.in_training <= 4
 
 
+def test_cost_is_the_mean_of_each_runs_stored_update_seconds(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    curves = _stored(tiny.study_id, "update_s")
+    assert [c.arm for c in group.cost] == group.arms
+    for c in group.cost:
+        totals = [sum(v for _, v in curve) for curve in curves[c.arm].values()]
+        assert c.runs == len(tiny.seeds) == len(totals)
+        assert c.minutes == pytest.approx(sum(totals) / len(totals) / 60) and c.minutes > 0
+
+
 def test_deal_keys_match_the_tasks_deal_space() -> None:
     from services.env import make_env
 
@@ -157,6 +169,39 @@ def test_terminal_table_keeps_hostile_names_as_text(report) -> None:  # type: ig
     assert "primary: eval/success_rate (final)" in text
     assert "secondary metrics" in text
     assert text.index("primary:") < text.index("secondary metrics")
+
+
+def test_markdown_section_keeps_hostile_names_as_text_in_their_cells(
+    report, tiny: TinyStudy
+) -> None:  # type: ignore[no-untyped-def]
+    """`gtr study report --markdown`, rendered as a Markdown viewer would (CommonMark and GFM
+    tables): each name is one cell's text, never markup, and every row has its table's width."""
+    import re
+
+    from markdown_it import MarkdownIt
+
+    from services.study.markdown import render_markdown
+
+    md = render_markdown(report)
+    assert md == render_markdown(report) and md.startswith("## Study: ")
+    assert "/runs/" not in md and "ETA" not in md  # nothing that moves while the rows do not
+    page = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<script" not in page and "<b>" not in page and "<img" not in page
+    tables = re.findall(r"<table>.*?</table>", page, re.S)
+    assert len(tables) == 2  # the arms and the paired comparisons of the one group
+    for table in tables:
+        widths = {
+            len(re.findall(r"<t[hd][ >]", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)
+        }
+        assert len(widths) == 1, table
+    arms, comparisons = tables
+    cells = [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", arms)]  # the text shown
+    assert QUOTED_ARM in cells and HOSTILE_ARM in cells
+    pairs = [html.unescape(c) for c in re.findall(r"<tr>\s*<td>(.*?)</td>", comparisons)]
+    assert pairs == [f"{c.a} vs {c.b}" for c in report.groups[0].primary.comparisons]
+    assert "not decided at 2 seeds" in comparisons
+    (title,) = re.findall(r"<h2>(.*?)</h2>", page)
+    assert html.unescape(title) == f"Study: {report.name}"
 
 
 def test_a_study_without_runs_yet_reports_waiting_cells(db) -> None:  # type: ignore[no-untyped-def]
