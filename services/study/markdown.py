@@ -110,7 +110,12 @@ def _axis(ax: AxisReport) -> list[str]:
 
 
 def _trend(tr: TrendReport) -> list[str]:
-    return [f"**{text(tr.task)}: {text(tr.arm)}'s {text(tr.metric)} {text(tr.statement)}**"]
+    line = f"**{text(tr.task)}: {text(tr.arm)}'s {text(tr.metric)} {text(tr.statement)}**"
+    runs = [
+        f"seed {r.seed}{' ' + text(r.variant) if r.variant else ''} {r.first:.3f} → {r.score:.3f}"
+        for r in tr.runs
+    ]
+    return [line + (f" (first → last: {'; '.join(runs)})" if runs else "")]
 
 
 def _row(cells: list[str]) -> str:

@@ -45,6 +45,10 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
         assert f"{arm.mean.point:.3f}" in row.locator("td").nth(1).inner_text()
     verdict = page.locator("table.study-comparisons.primary td.study-verdict")
     assert verdict.all_inner_texts() == ["not decided at 2 seeds"]
+    # What a run of each arm took, from its stored update seconds.
+    cost = page.inner_text("p.cost")
+    for c in group.cost:
+        assert c.minutes is not None and f"{c.arm} {c.minutes:.1f}" in cost
     # Secondary and collapse figures are labelled so.
     labels = page.locator("h4.secondary-label").all_inner_texts()
     assert any(t.startswith("secondary: eval/episode_return") for t in labels)
