@@ -11,7 +11,7 @@ from rich.text import Text
 
 from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.questions import AxisReport
-from services.study.report import MetricBlock, StudyReport
+from services.study.report import GroupReport, MetricBlock, StudyReport
 
 
 def num(v: float | None, digits: int = 3) -> str:
@@ -32,6 +32,20 @@ def duration(seconds: float | None) -> str:
         return "unknown"
     s = int(seconds)
     return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def p_text(c: ComparisonOut) -> str:
+    """The comparison's p, '~' when sampled rather than enumerated."""
+    return "–" if c.p_value is None else f"{c.p_value:.4f}" + ("" if c.exact else " ~")
+
+
+def need_text(c: ComparisonOut) -> str:
+    return "–" if c.seeds_for_power is None else str(c.seeds_for_power)
+
+
+def cost_items(g: GroupReport) -> list[tuple[str, str]]:
+    """(arm, its mean wall-minutes per run) of each arm with a timed finished run."""
+    return [(c.arm, f"{c.minutes:.1f}") for c in g.cost if c.minutes is not None]
 
 
 def _arms_table(block: MetricBlock) -> Table:
@@ -66,10 +80,15 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
         t.add_column(col, justify="left" if col in ("A vs B", "verdict") else "right")
     t.add_column("P(A better) [95 % CI]", justify="right")
     for c in block.comparisons:
-        p = "–" if c.p_value is None else f"{c.p_value:.4f}" + ("" if c.exact else " ~")
-        need = "–" if c.seeds_for_power is None else str(c.seeds_for_power)
         pair = Text(c.a) + Text(" vs ") + Text(c.b)
-        t.add_row(pair, interval(c.mean_diff), p, _verdict(c), need, interval(c.p_improvement, 2))
+        t.add_row(
+            pair,
+            interval(c.mean_diff),
+            p_text(c),
+            _verdict(c),
+            need_text(c),
+            interval(c.p_improvement, 2),
+        )
     return t
 
 
@@ -111,12 +130,9 @@ def report_renderable(report: StudyReport) -> RenderableType:
                 Text(f"⚠ seeds {seeds}: the arms started from different weights", style="bold red")
             )
         parts.append(_arms_table(g.primary))
-        timed = [c for c in g.cost if c.minutes is not None]
-        if timed:
-            each = Text("wall-minutes per run: ", style="dim")
-            for i, c in enumerate(timed):
-                each.append((", " if i else "") + c.arm + f" {c.minutes:.1f}", style="dim")
-            parts.append(each)
+        if cost := cost_items(g):
+            each = ", ".join(f"{arm} {minutes}" for arm, minutes in cost)
+            parts.append(Text(f"wall-minutes per run: {each}", style="dim"))
         table = _comparisons_table(g.primary)
         if table is not None:
             parts.append(table)

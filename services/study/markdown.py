@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import re
 
-from services.study.console import interval, num
+from services.study.console import cost_items, interval, need_text, num, p_text
 from services.study.outputs import ComparisonOut
 from services.study.questions import AxisReport, TrendReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
@@ -67,9 +67,8 @@ def _group(g: GroupReport) -> list[str]:
         seeds = ", ".join(map(str, g.split_starts))
         notes.append(f"**seeds {seeds}: the arms started from different weights**")
     out += ["; ".join(notes) + ".", "", *_arms(g.primary)]
-    timed = [c for c in g.cost if c.minutes is not None]
-    if timed:
-        each = ", ".join(f"{text(c.arm)} {c.minutes:.1f}" for c in timed)
+    if cost := cost_items(g):
+        each = ", ".join(f"{text(arm)} {minutes}" for arm, minutes in cost)
         out += ["", f"Wall-minutes per run (mean over its finished runs): {each}."]
     if g.primary.comparisons:
         out += ["", *_comparisons(g.primary.comparisons)]
@@ -91,10 +90,9 @@ def _comparisons(comparisons: list[ComparisonOut]) -> list[str]:
     head = ["A vs B", "A − B [95 % CI]", "p (sign flip)", "verdict", "seeds for 80 % power"]
     rows = [_row(head), _row(["---", "---:", "---:", "---", "---:"])]
     for c in comparisons:
-        p = "–" if c.p_value is None else f"{c.p_value:.4f}" + ("" if c.exact else " ~")
         verdict = f"**{text(c.verdict)}**" if c.winner else text(c.verdict)
-        need = "–" if c.seeds_for_power is None else str(c.seeds_for_power)
-        rows.append(_row([f"{text(c.a)} vs {text(c.b)}", interval(c.mean_diff), p, verdict, need]))
+        pair = f"{text(c.a)} vs {text(c.b)}"
+        rows.append(_row([pair, interval(c.mean_diff), p_text(c), verdict, need_text(c)]))
     return rows
 
 
