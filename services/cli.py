@@ -58,6 +58,10 @@ class LazyGroup(click.Group):
                 from shared.settings import settings_errors
 
                 raise click.ClickException(f"bad settings: {settings_errors(e)}") from None
+            from shared.db.migrate import SchemaAhead
+
+            if isinstance(e, SchemaAhead):
+                raise click.ClickException(str(e)) from None
             # A database that is down or misconfigured is a user-facing condition, not a bug.
             if (
                 type(e).__module__.startswith("sqlalchemy")

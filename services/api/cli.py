@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 
 GRACE_S = 20
@@ -49,7 +52,8 @@ def db_upgrade(revision: str) -> None:
     """Migrate the database to a revision (head by default)."""
     from shared.db.migrate import upgrade
 
-    upgrade(revision=revision)
+    with _alembic_errors(revision):
+        upgrade(revision=revision)
     click.echo(f"database at {revision}")
 
 
@@ -59,8 +63,20 @@ def db_downgrade(revision: str) -> None:
     """Migrate the database down to a revision (base by default: drops everything)."""
     from shared.db.migrate import downgrade
 
-    downgrade(revision=revision)
+    with _alembic_errors(revision):
+        downgrade(revision=revision)
     click.echo(f"database at {revision}")
+
+
+@contextmanager
+def _alembic_errors(revision: str) -> Iterator[None]:
+    """Alembic's refusals (an unknown or wrong-way revision) are a message, not a traceback."""
+    from alembic.util import CommandError
+
+    try:
+        yield
+    except CommandError as e:
+        raise click.ClickException(f"cannot migrate to {revision!r}: {e}") from None
 
 
 @click.group()

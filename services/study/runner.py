@@ -155,7 +155,7 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
     say(f"study {study_id}: {cfg.name} ({'resumed' if existed else 'new'}), {_size(cfg)}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     children: list[Child] = []
-    unreadable: str | None = None  # why the stored study file stopped validating, once it did
+    unreadable: str | None = None  # why this runner cannot go on with the study, once it cannot
     done, status = False, ""
     # A kill (SIGTERM) stops it as Ctrl-C does: the children's runs go back to the queue.
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -165,6 +165,13 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
                 children.remove(c)
                 _reap(c, say)
             if unreadable is None:
+                unreadable = _skew()
+                if unreadable is not None:
+                    say(
+                        f"study {study_id}: {unreadable}; no new run starts, "
+                        f"{len(children)} running finish"
+                    )
+                    continue
                 try:
                     with session_scope() as s:
                         study = s.get(Study, study_id)
@@ -174,10 +181,10 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
                 except ValidationError as e:
                     # Another process stored a study file this version cannot read (a newer
                     # version's): start nothing more, let the runs in flight finish.
-                    unreadable = _first_error(e)
+                    unreadable = f"its stored file no longer validates here ({_first_error(e)})"
                     say(
-                        f"study {study_id}: its stored file no longer validates here "
-                        f"({unreadable}); no new run starts, {len(children)} running finish"
+                        f"study {study_id}: {unreadable}; no new run starts, "
+                        f"{len(children)} running finish"
                     )
                     continue
                 for run in queued:
@@ -187,8 +194,8 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
                     say(_started(run_id))
             if unreadable is not None and not children:
                 raise StudyUnreadable(
-                    f"study {study_id}'s stored file was replaced by one this version cannot "
-                    f"read ({unreadable}); run `gtr study run` from the version that wrote it"
+                    f"study {study_id} stopped: {unreadable}; go on with `gtr study run` from "
+                    "the newer version"
                 )
             if done and not children:
                 say(f"study {study_id} {status}")
@@ -203,7 +210,18 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
 
 
 class StudyUnreadable(RuntimeError):
-    """The study's stored file stopped validating under this runner (version skew)."""
+    """The study's stored file or the store's schema is a newer version's (version skew)."""
+
+
+def _skew() -> str | None:
+    """Why this version must not start another run in the store: a newer gtr-lab migrated it
+    (its children would stop inside alembic, or write rows without the newer columns)."""
+    from shared.db.migrate import unknown_revisions
+
+    ahead = unknown_revisions()
+    if ahead:
+        return f"the database was migrated by a newer version (schema revision {ahead[0]})"
+    return None
 
 
 def _first_error(e: ValidationError) -> str:

@@ -11,11 +11,12 @@ from sqlalchemy import create_engine, inspect, select
 
 from services.api.search import StepFilter, search_steps
 from services.env.parser import parse_output
-from shared.db.migrate import downgrade, upgrade
+from shared.db.migrate import SchemaAhead, downgrade, unknown_revisions, upgrade
 from shared.db.models import Base, Run, Step
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
 from tests.conftest import PG_ADMIN
+from tests.services.study.tiny_study import gtr_cli
 from tests.services.trainer.dbutil import make_run, make_step
 
 TABLES = {
@@ -114,3 +115,34 @@ def test_thoughts_stored_with_escapes_are_found_by_their_words_after_0011(
     downgrade(url, "0010")  # nothing to undo: the same JSON either way
     with session_scope(url) as s:
         assert s.scalar(select(Step.thought).where(Step.rollout_pos == 0)) == parsed.thought
+
+
+def test_a_store_a_newer_version_migrated_is_refused_with_one_message_and_left_as_it_is(
+    empty_store: str,
+) -> None:
+    """An older checkout pointed at a store a newer gtr-lab migrated: every migration command
+    says so (no alembic "Can't locate revision" traceback) and changes nothing."""
+    url = empty_store
+    upgrade(url)
+    assert unknown_revisions(url) == []
+    env = {"GTR_DATABASE_URL": url, "GTR_REDIS_URL": None}
+    typo = gtr_cli("db", "upgrade", "--revision", "nonsense", env=env)
+    assert typo.returncode == 1 and "Traceback" not in typo.stderr, typo.stderr
+    assert "cannot migrate to 'nonsense': Can't locate revision" in typo.stderr
+    with session_scope(url) as s:
+        run_id = make_run(s, RunConfig.model_validate({"task": "numberline"})).id
+    future = "2099_01_01_from_the_future"
+    with create_engine(url).begin() as conn:
+        conn.exec_driver_sql(f"UPDATE alembic_version SET version_num = '{future}'")
+    assert unknown_revisions(url) == [future]
+    for migrate in (upgrade, downgrade):
+        with pytest.raises(SchemaAhead, match=f"schema revision {future}, which this version"):
+            migrate(url)
+    for args in (("db", "upgrade"), ("db", "downgrade")):
+        out = gtr_cli(*args, env=env)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert f"Error: the database is at schema revision {future}" in out.stderr
+    with session_scope(url) as s:  # the store is as it was: the run, the newer revision
+        assert s.get(Run, run_id) is not None
+    assert unknown_revisions(url) == [future]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -134,13 +135,48 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
         assert study is not None and study.concurrency == 1 != declared
 
 
-def test_a_stored_file_this_version_cannot_read_stops_new_runs_and_exits_with_one_message(
-    tmp_path: Path, warm_checkpoint: Path, default_model_dir: Path
+def _newer_study_file(c: sqlite3.Connection) -> None:
+    """What a newer version would store: a study-file field unknown here."""
+    import json
+
+    (spec,) = c.execute("SELECT spec FROM studies").fetchone()
+    c.execute(
+        "UPDATE studies SET spec = ?", (json.dumps({**json.loads(spec), "from_the_future": True}),)
+    )
+
+
+def _newer_schema(c: sqlite3.Connection) -> None:
+    """What a newer version's migration leaves: a schema revision unknown here."""
+    c.execute("UPDATE alembic_version SET version_num = '2099_01_01_from_the_future'")
+
+
+@pytest.mark.parametrize(
+    ("skew", "says"),
+    [
+        (
+            _newer_study_file,
+            "its stored file no longer validates here "
+            "(from_the_future: Extra inputs are not permitted)",
+        ),
+        (
+            _newer_schema,
+            "the database was migrated by a newer version "
+            "(schema revision 2099_01_01_from_the_future)",
+        ),
+    ],
+    ids=["study-file", "schema"],
+)
+def test_a_newer_versions_study_file_or_schema_stops_new_runs_with_one_message(
+    tmp_path: Path,
+    warm_checkpoint: Path,
+    default_model_dir: Path,
+    skew: Callable[[sqlite3.Connection], None],
+    says: str,
 ) -> None:
     """Version skew: another process stores a study file this runner's version cannot read (a
-    field it does not know). The runner starts no further run, lets the one in flight finish,
-    and stops with one message and exit 1, not a traceback."""
-    import json
+    field it does not know), or migrates the store past this version's schema. The runner
+    starts no further run, lets the one in flight finish, and stops with one message and
+    exit 1, not a traceback (nor alembic's "Can't locate revision" in its children)."""
     import subprocess
     import sys
     import time
@@ -184,19 +220,15 @@ def test_a_stored_file_this_version_cannot_read_stops_new_runs_and_exits_with_on
         while "running" not in statuses():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
-        with sqlite3.connect(db) as c:  # what a newer version would store: a field unknown here
-            (spec,) = c.execute("SELECT spec FROM studies").fetchone()
-            c.execute(
-                "UPDATE studies SET spec = ?",
-                (json.dumps({**json.loads(spec), "from_the_future": True}),),
-            )
+        with sqlite3.connect(db) as c:
+            skew(c)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, out + err
     assert "Traceback" not in err, err
-    assert "its stored file no longer validates here (from_the_future:" in out
-    assert "cannot read (from_the_future: Extra inputs are not permitted)" in err
+    assert f"{says}; no new run starts," in out
+    assert f"study 1 stopped: {says}; go on with `gtr study run` from the newer version" in err
     # The run in flight finished; the second seed never started.
     assert statuses() == ["completed"], out
