@@ -27,6 +27,7 @@ log = logging.getLogger("gtr.api")
 RUN_FIGURES = {
     "env_steps_per_s": "Env steps per second of the latest rollout",
     "update_s": "Seconds of the latest update (rollout, training, probe)",
+    "update_cpu_s": "CPU seconds the run's driver process spent on the latest update",
     "train_s": "Seconds the trainer took for the latest update",
     "corrector_latency_ms": "Mean correction latency of the latest update (ms)",
     "tracking_s": "Seconds spent in experiment trackers in the latest update",

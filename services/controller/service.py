@@ -86,6 +86,7 @@ class RunDriver:
         self.monitor = CollapseMonitor(run_id, envs, policy, cfg)
         self.tracking = Trackers.for_run(run_id, cfg)
         self.update_started: float | None = None  # wall time of an update, for update_s
+        self.update_cpu: float | None = None  # this process's CPU time then, for update_cpu_s
         self.train_s: float | None = None
 
     # ---- the loop -------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class RunDriver:
 
     def _rollout_and_store(self, u: int) -> None:
         started = self.update_started = time.monotonic()
+        self.update_cpu = time.process_time()
         ro = self.collector.collect(u)
         rollout_s = time.monotonic() - started
         if self.cfg.corrector.wait == "update" and self.book.backend is not None:
@@ -227,13 +229,18 @@ class RunDriver:
         self.on_progress(Progress(u, env_steps, self.cfg.total_env_steps, merged))
 
     def timings(self) -> dict[str, float]:
-        """Seconds of the update just finished: all of it, and the trainer's part."""
+        """Seconds of the update just finished: all of it, the trainer's part, and the CPU
+        seconds this process spent on it. Wall seconds grow when the host is shared or paused;
+        CPU seconds do not. On the embedded default this process does everything (rollout,
+        training, evaluation); on the full stack it is the controller's part only."""
         out = {}
         if self.update_started is not None:
             out["update_s"] = time.monotonic() - self.update_started
+        if self.update_cpu is not None:
+            out["update_cpu_s"] = time.process_time() - self.update_cpu
         if self.train_s is not None:
             out["train_s"] = self.train_s
-        self.update_started = self.train_s = None
+        self.update_started = self.update_cpu = self.train_s = None
         return out
 
     def _end(self, status: str, error: str | None = None) -> str:

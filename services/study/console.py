@@ -44,8 +44,16 @@ def need_text(c: ComparisonOut) -> str:
 
 
 def cost_items(g: GroupReport) -> list[tuple[str, str]]:
-    """(arm, its mean wall-minutes per run) of each arm with a timed finished run."""
-    return [(c.arm, f"{c.minutes:.1f}") for c in g.cost if c.minutes is not None]
+    """(arm, its mean wall-minutes per run, and CPU-minutes where recorded) of each arm with a
+    timed finished run."""
+    return [
+        (
+            c.arm,
+            f"{c.minutes:.1f}" + ("" if c.cpu_minutes is None else f" ({c.cpu_minutes:.1f} CPU)"),
+        )
+        for c in g.cost
+        if c.minutes is not None
+    ]
 
 
 def _arms_table(block: MetricBlock) -> Table:

@@ -132,6 +132,13 @@ class ArmCost(BaseModel):
         description="Mean wall-minutes per run of its updates (rollout, training, evaluation; "
         "not the warm start), at the concurrency the runs had"
     )
+    cpu_minutes: float | None = Field(
+        None,
+        description="Mean CPU-minutes per run of the same updates, where every one of the "
+        "arm's timed runs recorded them (update_cpu_s: the driver process's CPU time, all of "
+        "a run's work on the embedded default); unlike wall time, a busy or paused host does "
+        "not inflate it",
+    )
 
 
 class GroupReport(BaseModel):
@@ -358,13 +365,19 @@ def _cost(
     done: dict[tuple[str, int], Run],
     curves: dict[int, dict[str, list[tuple[int, float]]]],
 ) -> ArmCost:
-    seconds = [
-        sum(v for _, v in curves[run.id]["update_s"])
+    timed = [
+        curves[run.id]
         for (a, _), run in done.items()
         if a == arm and curves.get(run.id, {}).get("update_s")
     ]
+    wall = [sum(v for _, v in c["update_s"]) for c in timed]
+    # A run recorded before update_cpu_s existed has no CPU time: no mean over a part of them.
+    cpu = [sum(v for _, v in c["update_cpu_s"]) for c in timed if c.get("update_cpu_s")]
     return ArmCost(
-        arm=arm, runs=len(seconds), minutes=sum(seconds) / len(seconds) / 60 if seconds else None
+        arm=arm,
+        runs=len(wall),
+        minutes=sum(wall) / len(wall) / 60 if wall else None,
+        cpu_minutes=sum(cpu) / len(cpu) / 60 if cpu and len(cpu) == len(wall) else None,
     )
 
 

@@ -48,7 +48,8 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
     # What a run of each arm took, from its stored update seconds.
     cost = page.inner_text("p.cost")
     for c in group.cost:
-        assert c.minutes is not None and f"{c.arm} {c.minutes:.1f}" in cost
+        assert c.minutes is not None and c.cpu_minutes is not None
+        assert f"{c.arm} {c.minutes:.1f} ({c.cpu_minutes:.1f} CPU)" in cost
     # Secondary and collapse figures are labelled so.
     labels = page.locator("h4.secondary-label").all_inner_texts()
     assert any(t.startswith("secondary: eval/episode_return") for t in labels)

@@ -135,11 +135,33 @@ def test_deal_space_counts_evaluation_deals_seen_in_training(report) -> None:  #
 def test_cost_is_the_mean_of_each_runs_stored_update_seconds(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
     (group,) = report.groups
     curves = _stored(tiny.study_id, "update_s")
+    cpu = _stored(tiny.study_id, "update_cpu_s")
     assert [c.arm for c in group.cost] == group.arms
     for c in group.cost:
         totals = [sum(v for _, v in curve) for curve in curves[c.arm].values()]
         assert c.runs == len(tiny.seeds) == len(totals)
         assert c.minutes == pytest.approx(sum(totals) / len(totals) / 60) and c.minutes > 0
+        # Every update recorded the CPU seconds its run's process spent on it.
+        assert all(len(cpu[c.arm][s]) == len(curves[c.arm][s]) for s in tiny.seeds)
+        cpu_totals = [sum(v for _, v in curve) for curve in cpu[c.arm].values()]
+        assert c.cpu_minutes == pytest.approx(sum(cpu_totals) / len(cpu_totals) / 60)
+        assert c.cpu_minutes > 0
+
+
+def test_cpu_cost_is_left_out_where_some_runs_predate_it() -> None:
+    """Runs recorded before update_cpu_s existed (an imported bundle) have wall time only: a
+    CPU mean over the rest would pass for the arm's, so there is none."""
+    from services.study.report import _cost
+
+    def run(i: int) -> Run:
+        return Run(id=i, status="completed")
+
+    new = {"update_s": [(0, 60.0), (1, 60.0)], "update_cpu_s": [(0, 30.0), (1, 30.0)]}
+    old = {"update_s": [(0, 120.0), (1, 120.0)]}
+    both = _cost("gtr", {("gtr", 0): run(1), ("gtr", 1): run(2)}, {1: new, 2: old})
+    assert (both.runs, both.minutes, both.cpu_minutes) == (2, 3.0, None)
+    one = _cost("gtr", {("gtr", 0): run(1)}, {1: new})
+    assert (one.runs, one.minutes, one.cpu_minutes) == (1, 2.0, 1.0)
 
 
 def test_deal_keys_match_the_tasks_deal_space() -> None:
