@@ -103,23 +103,23 @@ def axis_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> 
 
 
 def sign_statement(a: str, b: str, level: str, points: list[AxisPoint]) -> str:
-    """Between which measured levels A - B changes sign, or that it does not. A level where the
-    difference is exactly 0 is a tie, named as such: it neither keeps nor changes the sign."""
+    """Between which measured levels the mean of A − B changes sign, or that it does not, and
+    at which levels the comparison is decided. A level where the mean difference is exactly 0
+    is a tie, named as such: it neither keeps nor changes the sign."""
     known = [
         p
         for p in points
         if p.level.point is not None and p.diff is not None and p.diff.point is not None
     ]
     if len(known) < 2:
-        return f"{a} - {b}: fewer than two levels measured, no sign change can be placed"
+        return f"{a} − {b}: fewer than two levels measured, no sign change can be placed"
     lo, hi = known[0].level.point, known[-1].level.point
-    decided = sum(not p.verdict.startswith("not decided") for p in known)
-    tail = f" ({decided} of {len(known)} levels decided)"
+    tail = _decided_at(known)
     ties = [f"{p.level.point:.2f}" for p in known if p.diff.point == 0]  # type: ignore[union-attr]
     tied = f"; tied at {', '.join(ties)}" if ties else ""
     signed = [p for p in known if p.diff.point != 0]  # type: ignore[union-attr]
     if not signed:
-        return f"{a} - {b} is 0 at every measured {level}{tail}"
+        return f"The mean {a} − {b} is 0 at every measured {level}{tail}"
     changes = [
         f"{x.level.point:.2f} ({x.diff.point:+.3f}) and {y.level.point:.2f} ({y.diff.point:+.3f})"  # type: ignore[union-attr]
         for x, y in zip(signed, signed[1:], strict=False)
@@ -127,11 +127,32 @@ def sign_statement(a: str, b: str, level: str, points: list[AxisPoint]) -> str:
     ]
     if not changes:
         word = "positive" if signed[0].diff.point > 0 else "negative"  # type: ignore[union-attr, operator]
+        where = " where it is not 0" if ties else ""
         return (
-            f"{a} - {b} is {word} at every measured {level} from {lo:.2f} to {hi:.2f} where it "
-            f"is not 0: no sign change within the tested range{tied}{tail}"
+            f"The mean {a} − {b} is {word} at every measured {level} from {lo:.2f} to {hi:.2f}"
+            f"{where}: no sign change within the tested range{tied}{tail}"
         )
-    return f"{a} - {b} changes sign between {level} " + "; and between ".join(changes) + tied + tail
+    return (
+        f"The mean {a} − {b} changes sign between {level} "
+        + "; and between ".join(changes)
+        + tied
+        + tail
+    )
+
+
+def _decided_at(known: list[AxisPoint]) -> str:
+    """' (decided at 0.69 and 1.00; not at 0.30)': which levels' comparisons have a verdict."""
+    done = [f"{p.level.point:.2f}" for p in known if not p.verdict.startswith("not decided")]
+    left = [f"{p.level.point:.2f}" for p in known if p.verdict.startswith("not decided")]
+    if not done:
+        return " (decided at no level)"
+    if not left:
+        return " (decided at every level)"
+    return f" (decided at {_and(done)}; not at {_and(left)})"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def trend_reports(spec: StudyConfig | None, grouped: Grouped, curves: Curves) -> list[TrendReport]:

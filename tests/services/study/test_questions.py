@@ -86,7 +86,7 @@ def test_the_axis_orders_the_variants_by_measured_level(asked: TinyStudy) -> Non
         assert (c.a, c.b) == (QUOTED_ARM, HOSTILE_ARM)
         assert p.diff == c.mean_diff and p.verdict == c.verdict
     assert ax.statement == sign_statement(QUOTED_ARM, HOSTILE_ARM, LEVEL["metric"], ax.points)
-    assert ax.statement.endswith("(0 of 2 levels decided)")  # one seed decides nothing
+    assert ax.statement.endswith("(decided at no level)")  # one seed decides nothing
 
 
 def test_a_trend_is_checked_run_by_run(asked: TinyStudy) -> None:
@@ -179,18 +179,27 @@ def _point(variant: str, level: float, diff: float, verdict: str = "not decided 
 def test_the_sign_statement_places_each_change_between_its_levels() -> None:
     same = [_point("low", 0.32, 0.05), _point("mid", 0.71, 0.02), _point("high", 1.0, 0.1)]
     assert sign_statement("gtr", "sft", "acc", same) == (
-        "gtr - sft is positive at every measured acc from 0.32 to 1.00 where it is not 0: no "
-        "sign change within the tested range (0 of 3 levels decided)"
+        "The mean gtr − sft is positive at every measured acc from 0.32 to 1.00: no sign change "
+        "within the tested range (decided at no level)"
     )
     # A tie is not a change of sign (the first study v3 seeds: 0 at the lowest level).
-    tie = [_point("low", 0.29, 0.0), _point("mid", 0.69, 0.27), _point("high", 1.0, 0.29)]
+    tie = [
+        _point("low", 0.29, 0.0),
+        _point("mid", 0.69, 0.27, "gtr > sft"),
+        _point("high", 1.0, 0.29, "gtr > sft"),
+    ]
     assert sign_statement("gtr", "sft", "acc", tie) == (
-        "gtr - sft is positive at every measured acc from 0.29 to 1.00 where it is not 0: no "
-        "sign change within the tested range; tied at 0.29 (0 of 3 levels decided)"
+        "The mean gtr − sft is positive at every measured acc from 0.29 to 1.00 where it is not "
+        "0: no sign change within the tested range; tied at 0.29 (decided at 0.69 and 1.00; not "
+        "at 0.29)"
     )
     zeros = [_point("low", 0.3, 0.0), _point("high", 1.0, 0.0)]
     assert sign_statement("gtr", "sft", "acc", zeros) == (
-        "gtr - sft is 0 at every measured acc (0 of 2 levels decided)"
+        "The mean gtr − sft is 0 at every measured acc (decided at no level)"
+    )
+    decided = [_point("low", 0.3, 0.2, "gtr > sft"), _point("high", 1.0, 0.3, "gtr > sft")]
+    assert sign_statement("gtr", "sft", "acc", decided).endswith(
+        "no sign change within the tested range (decided at every level)"
     )
     flips = [
         _point("low", 0.32, 0.05, "gtr > sft"),
@@ -198,6 +207,7 @@ def test_the_sign_statement_places_each_change_between_its_levels() -> None:
         _point("high", 1.0, -0.1, "sft > gtr"),
     ]
     assert sign_statement("gtr", "sft", "acc", flips) == (
-        "gtr - sft changes sign between acc 0.32 (+0.050) and 0.71 (-0.020) (2 of 3 levels decided)"
+        "The mean gtr − sft changes sign between acc 0.32 (+0.050) and 0.71 (-0.020) (decided "
+        "at 0.32 and 1.00; not at 0.71)"
     )
     assert "fewer than two levels" in sign_statement("gtr", "sft", "acc", flips[:1])
