@@ -228,7 +228,9 @@ def run_create(config: Path, url: str | None, token: str | None) -> None:
 @run.command("list")
 @click.option(
     "--status",
-    type=click.Choice(["queued", "running", "completed", "degraded", "failed", "cancelled"]),
+    type=click.Choice(
+        ["queued", "running", "completed", "degraded", "failed", "cancelled", "superseded"]
+    ),
 )
 @_with_api
 def run_list(status: str | None, url: str | None, token: str | None) -> None:
@@ -324,7 +326,7 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
         if r["status"] == "running" and str(now) != phase:
             phase = str(now)
             click.echo(f"[{r['status']}] {phase_text(r)}")
-        if r["status"] in ("completed", "degraded", "failed", "cancelled"):
+        if r["status"] in ("completed", "degraded", "failed", "cancelled", "superseded"):
             if r["error"]:
                 click.echo(f"error: {r['error']}")
             click.echo(r["status"])

@@ -207,7 +207,7 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
             where = entry.get("id", "?") if isinstance(entry, dict) else "?"
             raise BundleError(f"run {where} of the bundle: {_first_line(e)}") from None
     p = service.plan(session, study)
-    out.waiting = len(p.pending) + len(p.retry) + len(p.cancelled)
+    out.waiting = len(p.pending) + len(p.retry) + len(p.rerun) + len(p.cancelled)
     # Nothing drives an imported study until someone resumes it: a study left queued would start
     # its missing cells on the full stack's controllers at once.
     study.status = "cancelled" if out.waiting else ("done" if p.done else "failed")

@@ -316,6 +316,49 @@ def study_import(file: Path, team: str | None) -> None:
         )
 
 
+@study.command("rerun")
+@click.argument("study_id", type=int)
+@click.argument("run_ids", type=int, nargs=-1, required=True)
+@click.option(
+    "--why",
+    required=True,
+    help="The reason, kept on each run (e.g. 'started from another warm start than its seed').",
+)
+def study_rerun(study_id: int, run_ids: tuple[int, ...], why: str) -> None:
+    """Train finished runs' cells again: the runs are marked superseded (kept, with their data,
+    but out of the report and the bundle) and the study's next scheduling queues each cell."""
+    from services.study.service import StudyConflict, StudyNotFound, supersede
+    from shared.db.models import Study
+    from shared.db.session import session_scope
+
+    if not why.strip():
+        raise click.BadParameter("say why the runs are trained again", param_hint="--why")
+    _local_schema()
+    try:
+        with session_scope() as s:
+            study = s.get(Study, study_id)
+            if study is None:
+                raise StudyNotFound(f"study {study_id}")
+            runs = supersede(s, study, run_ids, why.strip())
+            lines = [f"run {r.id} ({_cell_text(r)}) superseded" for r in runs]
+    except StudyNotFound:
+        raise click.ClickException(f"study {study_id} not found") from None
+    except StudyConflict as e:
+        raise click.ClickException(f"{e}; nothing was changed") from None
+    for line in lines:
+        click.echo(line)
+    click.echo(
+        f"`gtr study run FILE` here (on the full stack the controllers; `gtr study resume "
+        f"{study_id}` if it is stopped) trains {'its cell' if len(lines) == 1 else 'their cells'}"
+        " again"
+    )
+
+
+def _cell_text(run: Any) -> str:
+    cell = " / ".join(x for x in (run.study_task, run.study_arm, run.study_variant) if x)
+    return f"{cell} seed {run.study_seed}"
+
+
 def _stored_report(study_id: int) -> Any:
     """The study's report from the database the settings name; a missing study is one line."""
     from services.study.report import build_report

@@ -25,7 +25,7 @@ from services.study import statistics as st
 from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.questions import AxisReport, TrendReport, axis_reports, trend_reports
 from services.study.schemas import MetricSpec, StudyConfig
-from services.study.service import MAX_ATTEMPTS, StudyNotFound
+from services.study.service import MAX_ATTEMPTS, SUPERSEDED, StudyNotFound
 from shared.db.models import EvalOutcome, Run, Step, Study, Update, utcnow
 
 # The collapse monitors of services/controller/metrics.py (probe_metrics), always reported
@@ -567,6 +567,8 @@ def _progress(
     counts: dict[str, int] = defaultdict(int)
     for run in latest.values():
         if run.status == "failed" and (run.study_attempt or 1) < MAX_ATTEMPTS:
+            counts["waiting"] += 1
+        elif run.status == SUPERSEDED:  # its cell's next attempt is due
             counts["waiting"] += 1
         else:
             counts["done" if run.status == RUN_DONE else run.status] += 1

@@ -3,7 +3,8 @@
 Plain functions over a Session that never commit (the command, request or task does). Both ways
 of running a study use them: `gtr study run` (embedded, its own worker processes) and the full
 stack, where `advance` queues runs for the controllers (`gtr controller` calls it every poll).
-A cell is one run of the grid; its runs are attempt 1 and, if that one failed, attempt 2.
+A cell is one run of the grid; its runs are attempt 1 and, if that one failed, attempt 2. A
+finished run can be superseded (`gtr study rerun`): its cell trains again as the next attempt.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from shared.schemas import RunConfig
 
 log = logging.getLogger("gtr.study")
 
-MAX_ATTEMPTS = 2  # a failed run is retried once, then shown failed
+MAX_ATTEMPTS = 2  # a failed first attempt is retried once, then shown failed
 ACTIVE = ("queued", "running")
+SUPERSEDED = "superseded"
 
 
 class StudyNotFound(LookupError):
@@ -126,6 +128,7 @@ class Plan:
     latest: dict[Cell, Run] = field(default_factory=dict)
     pending: list[Cell] = field(default_factory=list)  # no run yet
     retry: list[Cell] = field(default_factory=list)  # attempt 1 failed: attempt 2 is due
+    rerun: list[tuple[Cell, int]] = field(default_factory=list)  # superseded: (cell, attempt due)
     active: list[Run] = field(default_factory=list)  # queued or running
     done: list[Run] = field(default_factory=list)  # completed
     failed: list[Run] = field(default_factory=list)  # failed on its last attempt
@@ -135,7 +138,7 @@ class Plan:
         queued = sum(r.status == "queued" for r in self.active)
         return {
             "cells": len(self.latest) + len(self.pending),
-            "waiting": len(self.pending) + len(self.retry),
+            "waiting": len(self.pending) + len(self.retry) + len(self.rerun),
             "queued": queued,
             "running": len(self.active) - queued,
             "done": len(self.done),
@@ -163,6 +166,8 @@ def plan(session: Session, study: Study) -> Plan:
             out.done.append(run)
         elif run.status == "cancelled":
             out.cancelled.append(run)
+        elif run.status == SUPERSEDED:
+            out.rerun.append((cell, (run.study_attempt or 1) + 1))
         elif (run.study_attempt or 1) < MAX_ATTEMPTS:
             out.retry.append(cell)
         else:
@@ -233,7 +238,8 @@ def advance(session: Session, study: Study, limit: int | None = None) -> list[Ru
     slots = (limit or study.concurrency) - len(p.active)
     warming = _warming(session, p.active)
     queued: list[Run] = []
-    for cell, attempt in [*((c, MAX_ATTEMPTS) for c in p.retry), *((c, 1) for c in p.pending)]:
+    due = [*((c, MAX_ATTEMPTS) for c in p.retry), *p.rerun, *((c, 1) for c in p.pending)]
+    for cell, attempt in due:
         if slots <= 0:
             break
         group = warm_group(cfg.run_config(cell))
@@ -249,8 +255,44 @@ def advance(session: Session, study: Study, limit: int | None = None) -> list[Ru
     return queued
 
 
+def supersede(session: Session, study: Study, run_ids: Sequence[int], why: str) -> list[Run]:
+    """Mark finished runs of the study superseded, so that their cells train again (the next
+    `advance` queues each as its next attempt). The runs keep their data and pages; the report
+    and the bundle leave them out. Raises StudyConflict naming the first run that is not a
+    finished run of this study, and then changes nothing."""
+    runs: list[Run] = []
+    for run_id in dict.fromkeys(run_ids):
+        run = session.get(Run, run_id)
+        if run is None or run.study_id != study.id:
+            raise StudyConflict(f"run {run_id} is not a run of study {study.id}")
+        if run.status in (*ACTIVE, SUPERSEDED):
+            raise StudyConflict(
+                f"run {run_id} is {run.status}: only a finished run can be superseded"
+            )
+        later = session.scalar(
+            select(Run.id).where(
+                Run.study_id == study.id,
+                Run.study_task == run.study_task,
+                Run.study_arm == run.study_arm,
+                Run.study_seed == run.study_seed,
+                Run.study_variant == run.study_variant,
+                Run.study_attempt > (run.study_attempt or 1),
+            )
+        )
+        if later is not None:
+            raise StudyConflict(f"run {run_id} is not its cell's latest run (run {later} is)")
+        runs.append(run)
+    for run in runs:
+        run.status = SUPERSEDED
+        run.info = {**(run.info or {}), "superseded": {"why": why, "at": utcnow().isoformat()}}
+    if runs and study.status in ("done", "failed"):
+        study.status = "queued"  # its cells have work again; a cancelled study stays stopped
+    study.updated_at = utcnow()
+    return runs
+
+
 def _set_status(study: Study, p: Plan) -> None:
-    if p.active or p.pending or p.retry:
+    if p.active or p.pending or p.retry or p.rerun:
         started = p.done or p.failed or any(r.status == "running" for r in p.active)
         status = "running" if started else "queued"
     elif p.cancelled:

@@ -37,8 +37,17 @@ NAMING = {
 }
 
 # degraded: the run went to its end, but too many of its corrections failed to call it GTR
-RUN_STATUSES = ("queued", "running", "completed", "degraded", "failed", "cancelled")
-TERMINAL_STATUSES = ("completed", "degraded", "failed", "cancelled")
+# superseded: a study run whose cell is trained again (`gtr study rerun`); it keeps its data.
+RUN_STATUSES = (
+    "queued",
+    "running",
+    "completed",
+    "degraded",
+    "failed",
+    "cancelled",
+    "superseded",
+)
+TERMINAL_STATUSES = ("completed", "degraded", "failed", "cancelled", "superseded")
 STUDY_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
 

@@ -39,7 +39,7 @@ Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=10_000_000)]
 Id = Annotated[int, Path(ge=1, le=2**63 - 1)]
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-Status = Literal["queued", "running", "completed", "degraded", "failed", "cancelled"]
+Status = Literal["queued", "running", "completed", "degraded", "failed", "cancelled", "superseded"]
 
 
 def run_out(db: Session, run: Run) -> RunOut:

@@ -286,3 +286,72 @@ def test_a_seed_whose_arms_started_from_different_weights_is_flagged(
         page = httpx.get(f"{base}/studies/1", cookies={"gtr_token": token})
     assert page.status_code == 200
     assert f"Not like for like at seed {run['study_seed']}:" in page.text
+
+
+def test_a_run_from_another_start_is_superseded_and_its_cell_trains_again(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """The remedy for a split start: `gtr study rerun` marks the odd run superseded. It keeps its
+    data and page, leaves the report (no split, its seed one run short) and the bundle, and the
+    next scheduling queues its cell as the next attempt. Bad input changes nothing."""
+    data = json.loads(gzip.decompress(bundle.read_bytes()))
+    odd = data["runs"][0]
+    odd["info"]["init_weights_sha256"] = "0" * 64
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps(data))
+    env = _embedded(tmp_path)
+    assert gtr_cli("study", "import", str(path), env=env).returncode == 0
+    url = f"sqlite:///{tmp_path / 'gtr.sqlite3'}"
+    cell = (odd["study_arm"], odd["study_seed"])
+    with session_scope(url) as s:
+        (run_id,) = s.scalars(
+            select(Run.id).where(Run.study_arm == cell[0], Run.study_seed == cell[1])
+        ).all()
+
+    def refused(*args: str) -> str:
+        out = gtr_cli("study", "rerun", *args, env=env)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+        return out.stderr
+
+    assert "study 9 not found" in refused("9", str(run_id), "--why", "x")
+    assert "run 999 is not a run of study 1; nothing was changed" in refused(
+        "1", str(run_id), "999", "--why", "x"
+    )
+    assert "say why" in refused("1", str(run_id), "--why", "  ")
+    why = "started from <b>another</b> warm start \"q\" 'r' <script>alert(1)</script>"
+    ok = gtr_cli("study", "rerun", "1", str(run_id), "--why", why, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert f"run {run_id} (numberline / {cell[0]} seed {cell[1]}) superseded" in ok.stdout
+    assert "trains its cell again" in ok.stdout
+    assert "is superseded: only a finished run" in refused("1", str(run_id), "--why", "again")
+    with session_scope(url) as s:
+        report = build_report(s, 1)
+        (group,) = report.groups
+        assert group.split_starts == []  # the odd start is out of the comparison
+        arm = next(a for a in group.primary.arms if a.arm == cell[0])
+        assert cell[1] not in arm.runs and len(arm.runs) == len(data["runs"]) // 2 - 1
+        assert (report.progress.done, report.progress.waiting) == (len(data["runs"]) - 1, 1)
+        run = s.get(Run, run_id)
+        assert run is not None and run.status == "superseded"
+        assert run.info["superseded"]["why"] == why
+        assert s.scalar(select(func.count()).where(Update.run_id == run_id))  # data kept
+    again = tmp_path / "again.json.gz"
+    assert gtr_cli("study", "export", "1", "--out", str(again), env=env).returncode == 0
+    assert run_id not in [r["id"] for r in json.loads(gzip.decompress(again.read_bytes()))["runs"]]
+    with session_scope(url) as s:
+        token = create_token(s, "browse", "read", data["study"]["team"])[1]
+    with serving(tmp_path) as base:
+        page = httpx.get(f"{base}/runs/{run_id}", cookies={"gtr_token": token})
+    assert page.status_code == 200
+    assert 'id="superseded"' in page.text and "<b>another</b>" not in page.text
+    assert "started from &lt;b&gt;another&lt;/b&gt; warm start" in page.text
+    assert "<script>alert(1)</script>" not in page.text
+    with session_scope(url) as s:  # what `gtr study run` would train next: that cell, again
+        study = s.get(Study, 1)
+        assert study is not None and study.status == "queued"  # it was done: it has work again
+        (queued,) = service.advance(s, study)
+        assert (queued.study_arm, queued.study_seed, queued.study_attempt) == (*cell, 2)
+        queued_id = queued.id
+    assert f"run {queued_id} is queued: only a finished run" in refused(
+        "1", str(queued_id), "--why", "x"
+    )
