@@ -11,7 +11,7 @@
   const envSteps = (parseInt(root.dataset.envs, 10) || 1) * (parseInt(root.dataset.steps, 10) || 1);
   const xSelect = document.getElementById('chart-x'), smoothInput = document.getElementById('chart-smooth');
   const POLL_MS = 3000;
-  const TERMINAL = ['completed', 'degraded', 'failed', 'cancelled'];
+  const TERMINAL = ['completed', 'degraded', 'failed', 'cancelled', 'superseded'];
   const updates = [];
   let stable = 0;  // updates[0, stable) are final: recorded in full, or the run has ended
   const closed = new Set(['Other']);  // families folded by the reader (Other starts folded)

@@ -10,7 +10,7 @@
     if (file) text.value = await file.text();
   });
 
-  const TERMINAL = ['completed', 'degraded', 'failed', 'cancelled'];
+  const TERMINAL = ['completed', 'degraded', 'failed', 'cancelled', 'superseded'];
   const table = document.getElementById('runs-table');
 
   function update(row, run) {
