@@ -116,6 +116,20 @@ def _reap(child: Child, say: Say) -> None:
             run.status, run.finished_at = "failed", utcnow()
             run.error = f"its training process exited with code {code} (see its log)"
         say(_line(run))
+        if run.status == "completed" and (odd := service.other_starts(s, run)):
+            say(split_start_line(run, odd))
+
+
+def split_start_line(run: Run, odd: list[Run]) -> str:
+    """What to do when a seed's runs started from different weights: this run started from the
+    warm start the cache holds now (the next runs of the seed will too), so the others retrain."""
+    ids = " ".join(str(r.id) for r in odd)
+    return (
+        f"run {run.id} started from other weights than run{'s' if len(odd) > 1 else ''} {ids} "
+        f"of {run.study_task} seed {run.study_seed} (a warm start rebuilt differently): to "
+        f'compare like for like, `gtr study rerun {run.study_id} {ids} --why "another start '
+        f"than seed {run.study_seed}'s\"` trains them again from this one"
+    )
 
 
 def _line(run: Run) -> str:

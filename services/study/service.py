@@ -291,6 +291,27 @@ def supersede(session: Session, study: Study, run_ids: Sequence[int], why: str) 
     return runs
 
 
+def other_starts(session: Session, run: Run) -> list[Run]:
+    """The finished runs of the run's study, task and seed that started from other weights
+    (their init_weights_sha256 differ): the seed's paired differences would compare unlike
+    starts. Empty where the run recorded no hash."""
+    sha = (run.info or {}).get("init_weights_sha256")
+    if run.study_id is None or not sha:
+        return []
+    siblings = session.scalars(
+        select(Run)
+        .where(
+            Run.study_id == run.study_id,
+            Run.study_task == run.study_task,
+            Run.study_seed == run.study_seed,
+            Run.status == "completed",
+            Run.id != run.id,
+        )
+        .order_by(Run.id)
+    )
+    return [r for r in siblings if (r.info or {}).get("init_weights_sha256") not in (None, sha)]
+
+
 def _set_status(study: Study, p: Plan) -> None:
     if p.active or p.pending or p.retry or p.rerun:
         started = p.done or p.failed or any(r.status == "running" for r in p.active)

@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 from services.api.auth import create_token
 from services.study import service
 from services.study.report import build_report
+from services.study.runner import split_start_line
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update
 from shared.db.session import session_scope
 from shared.storage import CheckpointStore, checkpoint_store
@@ -307,6 +308,15 @@ def test_a_run_from_another_start_is_superseded_and_its_cell_trains_again(
         (run_id,) = s.scalars(
             select(Run.id).where(Run.study_arm == cell[0], Run.study_seed == cell[1])
         ).all()
+        # What `gtr study run` says when a run of the seed finishes from the other start.
+        sibling = s.scalars(
+            select(Run).where(Run.study_arm != cell[0], Run.study_seed == cell[1])
+        ).one()
+        assert [r.id for r in service.other_starts(s, sibling)] == [run_id]
+        line = split_start_line(sibling, service.other_starts(s, sibling))
+        assert f"run {sibling.id} started from other weights than run {run_id} of " in line
+        assert f"`gtr study rerun 1 {run_id} --why" in line
+        sibling_id = sibling.id
 
     def refused(*args: str) -> str:
         out = gtr_cli("study", "rerun", *args, env=env)
@@ -335,6 +345,8 @@ def test_a_run_from_another_start_is_superseded_and_its_cell_trains_again(
         assert run is not None and run.status == "superseded"
         assert run.info["superseded"]["why"] == why
         assert s.scalar(select(func.count()).where(Update.run_id == run_id))  # data kept
+        sibling = s.get(Run, sibling_id)
+        assert sibling is not None and service.other_starts(s, sibling) == []
     again = tmp_path / "again.json.gz"
     assert gtr_cli("study", "export", "1", "--out", str(again), env=env).returncode == 0
     assert run_id not in [r["id"] for r in json.loads(gzip.decompress(again.read_bytes()))["runs"]]
