@@ -327,6 +327,7 @@ def study_import(file: Path, team: str | None) -> None:
 def study_rerun(study_id: int, run_ids: tuple[int, ...], why: str) -> None:
     """Train finished runs' cells again: the runs are marked superseded (kept, with their data,
     but out of the report and the bundle) and the study's next scheduling queues each cell."""
+    from services.study.runner import cell_text
     from services.study.service import StudyConflict, StudyNotFound, supersede
     from shared.db.models import Study
     from shared.db.session import session_scope
@@ -340,7 +341,7 @@ def study_rerun(study_id: int, run_ids: tuple[int, ...], why: str) -> None:
             if study is None:
                 raise StudyNotFound(f"study {study_id}")
             runs = supersede(s, study, run_ids, why.strip())
-            lines = [f"run {r.id} ({_cell_text(r)}) superseded" for r in runs]
+            lines = [f"run {r.id} ({cell_text(r)}) superseded" for r in runs]
     except StudyNotFound:
         raise click.ClickException(f"study {study_id} not found") from None
     except StudyConflict as e:
@@ -352,11 +353,6 @@ def study_rerun(study_id: int, run_ids: tuple[int, ...], why: str) -> None:
         f"{study_id}` if it is stopped) trains {'its cell' if len(lines) == 1 else 'their cells'}"
         " again"
     )
-
-
-def _cell_text(run: Any) -> str:
-    cell = " / ".join(x for x in (run.study_task, run.study_arm, run.study_variant) if x)
-    return f"{cell} seed {run.study_seed}"
 
 
 def _stored_report(study_id: int) -> Any:

@@ -132,11 +132,16 @@ def split_start_line(run: Run, odd: list[Run]) -> str:
     )
 
 
-def _line(run: Run) -> str:
+def cell_text(run: Run) -> str:
+    """'ezpoints / gtr / acc-1.0 seed 5': a study run's cell, as the terminal shows it."""
     cell = " / ".join(x for x in (run.study_task, run.study_arm, run.study_variant) if x)
+    return f"{cell} seed {run.study_seed}"
+
+
+def _line(run: Run) -> str:
     retry = " (retry)" if (run.study_attempt or 1) > 1 else ""
     end = f": {run.error}" if run.status == "failed" and run.error else ""
-    return f"run {run.id} {cell} seed {run.study_seed}{retry}: {run.status}{end}"
+    return f"run {run.id} {cell_text(run)}{retry}: {run.status}{end}"
 
 
 def _release(children: list[Child]) -> None:
