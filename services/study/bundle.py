@@ -9,6 +9,12 @@ That is how a study too long for one machine session moves on: export where it r
 the next session's store (SQLite or PostgreSQL), rerun the same study file, and only the cells
 with no finished run train. An imported run's page shows its curves but not its steps.
 
+It also carries the cached warm start of each seed that still has cells to train (a few MB
+each, services/trainer/warmcache.py: pack_entry): a warm start rebuilt on another machine is
+not the same bit for bit, and a seed whose arms start from different weights is no longer a
+like-for-like comparison. The import files each one in this machine's cache, where the seed's
+next runs reuse it, once this machine would have built it from the same inputs.
+
 Importing into a store that has a study of the same name and team adds the runs of cells it has
 no run for and skips the rest, so importing one bundle twice changes nothing. Functions over a
 Session that never commit: the command commits once, so a refused bundle writes nothing.
@@ -18,7 +24,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from services.study import service
 from services.study.report import training_deals
-from services.study.schemas import StudyConfig
+from services.study.schemas import Cell, StudyConfig
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update, utcnow
 
 FORMAT = "gtr-study-bundle"
@@ -72,12 +79,14 @@ class Imported:
     waiting: int = 0  # the study's cells with no finished run: what a rerun would train
 
 
-def export_study(session: Session, study_id: int) -> dict[str, Any]:
-    """The bundle of a study: its file and every finished run. Raises StudyNotFound."""
+def export_study(session: Session, study_id: int, warm_starts: bool = True) -> dict[str, Any]:
+    """The bundle of a study: its file, every finished run and (``warm_starts``) the cached
+    warm starts its unfinished cells would reuse. Raises StudyNotFound."""
     study = session.get(Study, study_id)
     if study is None:
         raise service.StudyNotFound(f"study {study_id}")
-    runs = [r for r in service.study_runs(session, study_id) if r.status in FINISHED]
+    runs = _finished(session, study)
+    carried = _warm_starts(session, study) if warm_starts else []
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -89,7 +98,41 @@ def export_study(session: Session, study_id: int) -> dict[str, Any]:
             "created_at": study.created_at.isoformat(),
         },
         "runs": [_run_entry(session, run) for run in runs],
+        "warm_starts": carried,
     }
+
+
+def unfinished_groups(session: Session, study: Study) -> dict[str, Cell]:
+    """One cell per warm start that the study's cells still to train would use: its group
+    (service.warm_group) -> the first such cell."""
+    cfg = service.config_of(study)
+    p = service.plan(session, study)
+    cells = [
+        *p.pending,
+        *p.retry,
+        *(c for c, _ in p.rerun),
+        *(service.cell_of(r) for r in (*p.active, *p.cancelled)),
+    ]
+    out: dict[str, Cell] = {}
+    for cell in cells:
+        group = service.warm_group(cfg.run_config(cell))
+        if group is not None:
+            out.setdefault(group, cell)
+    return out
+
+
+def _warm_starts(session: Session, study: Study) -> list[dict[str, Any]]:
+    groups = unfinished_groups(session, study)
+    if not groups:
+        return []
+    from services.trainer.warmcache import pack_entry
+
+    cfg = service.config_of(study)
+    out = []
+    for cell in groups.values():
+        packed = pack_entry(cfg.run_config(cell))
+        out.append({"cell": asdict(cell), "entry": packed})  # None: this cache has none
+    return out
 
 
 def _run_entry(session: Session, run: Run) -> dict[str, Any]:
@@ -174,6 +217,7 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
         runs = list(bundle["runs"])
     except (KeyError, TypeError, ValidationError, ValueError) as e:
         raise BundleError(f"the bundle's study is not valid: {_first_line(e)}") from None
+    _check_warm_starts(cfg, bundle.get("warm_starts") or [])
     team = team or str(head.get("team") or "default")
     study = service.find_study(session, cfg.name, team)
     created = study is None
@@ -213,6 +257,97 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
     study.status = "cancelled" if out.waiting else ("done" if p.done else "failed")
     study.updated_at = utcnow()
     return out
+
+
+def _carried(cfg: StudyConfig, warm: list[Any]) -> list[tuple[Cell, dict[str, Any] | None]]:
+    """The bundle's warm starts as (cell, packed entry or None); BundleError for a malformed one."""
+    cells = set(cfg.cells())
+    out = []
+    for i, item in enumerate(warm if isinstance(warm, list) else [warm]):
+        try:
+            cell = Cell(**item["cell"])
+        except (KeyError, TypeError) as e:
+            raise BundleError(f"warm start {i + 1} of the bundle: {_first_line(e)}") from None
+        if cell not in cells:
+            raise BundleError(f"warm start {i + 1} of the bundle is for no cell of the study")
+        packed = item.get("entry")
+        if packed is not None and not isinstance(packed, dict):
+            raise BundleError(f"warm start {i + 1} of the bundle is not an entry")
+        out.append((cell, packed))
+    return out
+
+
+def _check_warm_starts(cfg: StudyConfig, warm: list[Any]) -> None:
+    """Refuse a bundle whose warm starts could not be filed whatever this machine is: a file
+    outside its folder, bytes that are not base64, weights that do not match their hash."""
+    carried = [(c, p) for c, p in _carried(cfg, warm) if p is not None]
+    if not carried:
+        return
+    from services.trainer.warmcache import CarryRefused, unpack_files
+
+    for cell, packed in carried:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                unpack_files(packed, Path(tmp))
+            except CarryRefused as e:
+                raise BundleError(
+                    f"the warm start of {_seed_text(cell)} in the bundle: {e}"
+                ) from None
+
+
+def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int) -> list[str]:
+    """File the bundle's warm starts that the study's unfinished cells here would use in this
+    machine's cache (after import_study committed); one line per warm start saying what became
+    of it, "warning: " first where the seed's next runs will build their own."""
+    study = session.get(Study, study_id)
+    if study is None:
+        raise service.StudyNotFound(f"study {study_id}")
+    cfg = service.config_of(study)
+    carried = _carried(cfg, bundle.get("warm_starts") or [])
+    wanted = unfinished_groups(session, study)
+    if not carried and not wanted:
+        return []
+    from services.trainer.warmcache import CarryRefused, install_entry
+
+    lines, seen = [], set()
+    for cell, packed in carried:
+        group = service.warm_group(cfg.run_config(cell))
+        if group is None or group not in wanted:
+            continue  # its cells have all finished here
+        seen.add(group)
+        what = f"the warm start of {_seed_text(cell)}"
+        if packed is None:
+            lines.append(f"warning: {what} was not in the exporting machine's cache: {_REBUILT}")
+            continue
+        try:
+            key = install_entry(cfg.run_config(cell), packed)
+        except CarryRefused as e:
+            lines.append(f"warning: {what} was not installed, {e}: {_REBUILT}")
+            continue
+        lines.append(f"{what} is in this cache ({key[:12]}): its seed's next runs reuse it")
+    started = {
+        service.warm_group(cfg.run_config(service.cell_of(r))) for r in _finished(session, study)
+    }
+    for group, cell in wanted.items():
+        if group not in seen and group in started:
+            lines.append(
+                f"warning: the bundle carries no warm start of {_seed_text(cell)}: {_REBUILT}"
+            )
+    return lines
+
+
+def _finished(session: Session, study: Study) -> list[Run]:
+    return [r for r in service.study_runs(session, study.id) if r.status in FINISHED]
+
+
+_REBUILT = (
+    "its seed's next runs build it again, and if that build differs (another machine), the "
+    "seed's finished runs no longer compare like for like (`gtr study run` names them)"
+)
+
+
+def _seed_text(cell: Cell) -> str:
+    return f"{cell.task} seed {cell.seed}"
 
 
 def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:

@@ -268,25 +268,39 @@ def study_figure(study_id: int, out: Path, metric: str | None) -> None:
 @study.command("export")
 @click.argument("study_id", type=click.IntRange(1, 2**31 - 1))
 @_out_option("The bundle to write: FILE.json.gz (gzip'd) or FILE.json.")
-def study_export(study_id: int, out: Path) -> None:
-    """Write a study's file and finished runs (what its report reads) to one bundle."""
+@click.option(
+    "--warm-starts/--no-warm-starts",
+    default=True,
+    show_default=True,
+    help="Carry the cached warm starts of the seeds that still have cells to train.",
+)
+def study_export(study_id: int, out: Path, warm_starts: bool) -> None:
+    """Write a study's file and finished runs (what its report reads) to one bundle, with the
+    warm starts its unfinished seeds need (from this machine's cache)."""
     from services.study.bundle import export_study, write_bundle
     from services.study.service import StudyNotFound
     from shared.db.session import session_scope
 
     _local_schema()
+    _check_folder(out)
     try:
         with session_scope() as s:
-            bundle = export_study(s, study_id)
+            bundle = export_study(s, study_id, warm_starts)
     except StudyNotFound:
         raise click.ClickException(f"study {study_id} not found") from None
-    _check_folder(out)
     write_bundle(bundle, out)
     done = sum(r["status"] == "completed" for r in bundle["runs"])
     click.echo(
         f"study {study_id}: {len(bundle['runs'])} finished runs ({done} completed) "
         f"-> {out} ({out.stat().st_size:,} bytes)"
     )
+    for item in bundle["warm_starts"]:
+        seed = f"{item['cell']['task']} seed {item['cell']['seed']}"
+        if item["entry"] is None:
+            click.echo(f"no warm start of {seed} in this cache: its next runs will build one")
+        else:
+            size = sum(len(v) * 3 // 4 for v in item["entry"]["files"].values())
+            click.echo(f"carried the warm start of {seed} ({size / 1e6:.1f} MB)")
 
 
 @study.command("import")
@@ -294,7 +308,7 @@ def study_export(study_id: int, out: Path) -> None:
 @click.option("--team", default=None, help="The team to own it (default: the bundle's).")
 def study_import(file: Path, team: str | None) -> None:
     """Add a bundle's study and runs to this store; cells that have a run here are skipped."""
-    from services.study.bundle import BundleError, import_study, read_bundle
+    from services.study.bundle import BundleError, import_study, install_warm_starts, read_bundle
     from shared.db.session import session_scope
 
     _local_schema()
@@ -304,6 +318,9 @@ def study_import(file: Path, team: str | None) -> None:
             got = import_study(s, bundle, team)
     except BundleError as e:
         raise click.ClickException(str(e)) from None
+    with session_scope() as s:
+        for line in install_warm_starts(s, bundle, got.study_id):
+            click.echo(line, err=line.startswith("warning:"))
     click.echo(
         f"study {got.study_id} ({'new' if got.created else 'existing'}): "
         f"{len(got.added)} runs imported, {got.skipped} already here; "

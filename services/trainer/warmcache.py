@@ -12,6 +12,7 @@ two runs warming up at once never see half of one.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import inspect
 import json
@@ -21,7 +22,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from services.trainer.warmenv import warm_env
@@ -285,3 +286,147 @@ def remove_entries(prefix: str | None) -> list[str]:
             shutil.rmtree(cache_root() / e.key, ignore_errors=True)
             gone.append(e.key)
     return gone
+
+
+# ---- carrying an entry to another machine (a study bundle) ---------------------------------
+# A study that spans sessions must start a seed's later runs from the weights its earlier runs
+# started from. Rebuilding a warm start elsewhere does not give them back bit for bit (another
+# CPU sums in another order), so a study bundle carries the entries its unfinished cells need.
+# The key stays this machine's own (it fingerprints large base-model files by mtime): a packed
+# entry carries its key's inputs and the base model by content, and is filed under the key the
+# importing machine computes, once every input agrees.
+
+
+class CarryRefused(ValueError):
+    """A carried entry that this machine cannot use; the message says why in one line."""
+
+
+def content_digest(folder: Path) -> str:
+    """sha256 over every file of a folder, names and bytes: the same on any machine."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def weights_sha256(model: Path) -> str:
+    """What a run started from this entry records as ``init_weights_sha256``."""
+    from shared.storage import CheckpointStore
+
+    return CheckpointStore.weights_digest(model)
+
+
+def pack_entry(cfg: RunConfig) -> dict[str, Any] | None:
+    """The cache entry the next run of ``cfg`` here would reuse, as JSON-ready data (files in
+    base64); None when this cache holds none."""
+    from services.trainer.warmstart import base_model_path
+
+    if not _enabled(cfg):
+        return None
+    base = base_model_path(cfg.model, cfg.task)
+    key, inputs, entry = _entry(cfg)
+    if not (entry / META).is_file():
+        return None
+    meta = json.loads((entry / META).read_text())
+    model = entry / "model"
+    return {
+        "inputs": {k: v for k, v in inputs.items() if k != "base_model"},
+        "base_model_sha256": content_digest(base),
+        "weights_sha256": weights_sha256(model),
+        "seconds": float(meta.get("seconds", 0.0)),
+        "summary": meta.get("summary", {}),
+        "files": {
+            str(f.relative_to(model)): base64.b64encode(f.read_bytes()).decode()
+            for f in sorted(model.rglob("*"))
+            if f.is_file()
+        },
+    }
+
+
+def unpack_files(packed: dict[str, Any], dest: Path) -> None:
+    """Write a packed entry's files under ``dest`` and check them against the weights' hash.
+    Raises CarryRefused for a path outside ``dest``, bytes that are not base64 or weights that
+    are not the ones packed."""
+    files = packed.get("files")
+    if not isinstance(files, dict) or not files:
+        raise CarryRefused("it holds no files")
+    for name, data in files.items():
+        rel = PurePosixPath(str(name))
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise CarryRefused(f"it names a file outside its folder: {str(name)[:80]!r}")
+        try:
+            raw = base64.b64decode(str(data), validate=True)
+        except ValueError:
+            raise CarryRefused(f"its file {str(name)[:80]!r} is not base64") from None
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(raw)
+    if weights_sha256(dest) != packed.get("weights_sha256"):
+        raise CarryRefused("its weights are not the ones it was packed with (damaged)")
+
+
+def install_entry(cfg: RunConfig, packed: dict[str, Any]) -> str:
+    """File a packed entry in this cache under the key ``cfg`` has here; returns the key.
+
+    Raises CarryRefused when this machine would build another warm start for ``cfg`` (other
+    recipe code, libraries, settings or base model), or when the cache already holds another
+    one for it: an entry is never overwritten."""
+    from services.trainer.warmstart import base_model_path
+
+    if not _enabled(cfg):
+        raise CarryRefused("this run config or machine does not cache warm starts")
+    base = base_model_path(cfg.model, cfg.task)
+    key, inputs, entry = _entry(cfg)
+    ours = {k: v for k, v in inputs.items() if k != "base_model"}
+    theirs = packed.get("inputs")
+    if not isinstance(theirs, dict):
+        raise CarryRefused("it does not say what it was built from")
+    differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if differ:
+        raise CarryRefused(
+            f"it was built with other {', '.join(_INPUT_NAMES.get(k, k) for k in differ)}"
+        )
+    if content_digest(base) != packed.get("base_model_sha256"):
+        raise CarryRefused(f"it was built from another base model than {base}")
+    if (entry / META).is_file():
+        if weights_sha256(entry / "model") == packed.get("weights_sha256"):
+            return key  # already here, e.g. a bundle imported twice
+        raise CarryRefused(
+            f"this cache holds another warm start for it ({key[:12]}); `gtr cache rm "
+            f"{key[:12]}` first to take the carried one"
+        )
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key[:12]}-"))
+    try:
+        unpack_files(packed, tmp / "model")
+        _rebase(tmp / "model", base)
+        meta = {
+            "inputs": inputs,
+            "summary": packed.get("summary", {}),
+            "seconds": float(packed.get("seconds", 0.0)),
+            "task": cfg.task,
+            "name": cfg.name,
+            "created_at": time.time(),
+            "carried": True,
+        }
+        (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        os.rename(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return key
+
+
+_INPUT_NAMES = {"code": "warm-start code", "libs": "library versions", "env": "env settings"}
+
+
+def _rebase(model: Path, base: Path) -> None:
+    """A full fine-tuning checkpoint names its base model's folder (policy.json): name this
+    machine's, as an entry built here would."""
+    meta_file = model / "policy.json"
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+        if "base_model" in meta:
+            meta["base_model"] = str(base)
+            meta_file.write_text(json.dumps(meta, indent=2))

@@ -4,10 +4,16 @@ embedded default, its evaluation deals stored from the evaluation seed space."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
+import shutil
 import sqlite3
+import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -18,6 +24,7 @@ from services.study.schemas import StudyConfig
 from shared.db.models import EvalOutcome, Run, Study
 from shared.db.session import session_scope
 from shared.seeds import eval_seed
+from shared.storage import CheckpointStore
 from tests.e2e.helpers import ROOT, tiny_config
 from tests.services.study.tiny_study import gtr_cli
 
@@ -94,18 +101,31 @@ def test_an_edited_primary_metric_is_refused_once_the_study_has_runs(
             s.execute(update(Run).where(Run.study_id == study_id).values(status="cancelled"))
 
 
-@pytest.mark.slow
-def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
-    tmp_path: Path, default_model_dir: Path
-) -> None:
+@dataclass
+class Demo:
+    """The demo study as `gtr study run` leaves it on a fresh embedded store."""
+
+    env: dict[str, str | None]
+    data: Path
+    out: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Demo:
+    data = tmp_path_factory.mktemp("demo") / "data"
     env = {
-        "GTR_DATA_DIR": str(tmp_path / "data"),
+        "GTR_DATA_DIR": str(data),
         "GTR_MODEL_DIR": str(default_model_dir.parent),  # the session's tiny model, not a new one
         "GTR_DATABASE_URL": None,  # the embedded default: SQLite, every part in process
         "GTR_REDIS_URL": None,
     }
     out = gtr_cli("study", "run", str(DEMO), "--jobs", "2", env=env, timeout=1800)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return Demo(env, data, out)
+
+
+@pytest.mark.slow
+def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: Demo) -> None:
+    env, out, tmp_path = demo.env, demo.out, demo.data.parent
     assert "study 1: demo (new), 4 runs" in out.stdout and "study 1 done" in out.stdout
     assert "eval/success_rate (final)" in out.stdout  # the verdict table
     url = f"sqlite:///{tmp_path / 'data' / 'gtr.sqlite3'}"
@@ -133,6 +153,108 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(
         study = s.get(Study, 1)
         declared = StudyConfig.from_toml(DEMO).concurrency
         assert study is not None and study.concurrency == 1 != declared
+
+
+@pytest.mark.slow
+def test_a_bundle_carries_the_warm_start_a_seed_still_needs(demo: Demo, tmp_path: Path) -> None:
+    """A study moving to another machine mid-seed: its bundle carries the seed's cached warm
+    start, the import files it in the other machine's cache (whose base model it built itself,
+    equal by content), and the cell trained there starts from the very weights the seed's
+    finished run started from: the seed stays like for like. A warm start that machine would
+    build otherwise (other code) is a warning and is not filed; a malformed one is one message
+    and nothing written."""
+    assert demo.out.returncode == 0, demo.out.stdout[-3000:] + demo.out.stderr[-3000:]
+    here = tmp_path / "here"
+    shutil.copytree(demo.data, here)
+    env = {**demo.env, "GTR_DATA_DIR": str(here)}
+    with session_scope(f"sqlite:///{here / 'gtr.sqlite3'}") as s:
+        seed1 = s.scalars(select(Run).where(Run.study_seed == 1)).all()
+        odd = next(r.id for r in seed1 if r.study_arm == "rl4vlm")
+        start = {r.info["init_weights_sha256"] for r in seed1}
+    assert len(start) == 1
+    assert gtr_cli("study", "rerun", "1", str(odd), "--why", "moves", env=env).returncode == 0
+    bundle, thin = tmp_path / "study.json.gz", tmp_path / "thin.json.gz"
+    out = gtr_cli("study", "export", "1", "--out", str(bundle), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "carried the warm start of numberline seed 1 (" in out.stdout
+    assert "seed 0" not in out.stdout  # finished: nothing of it to carry
+    out = gtr_cli("study", "export", "1", "--out", str(thin), "--no-warm-starts", env=env)
+    assert out.returncode == 0 and "warm start" not in out.stdout, out.stdout
+
+    # Another machine: a fresh store that builds its own tiny base model.
+    there = tmp_path / "there"
+    elsewhere = {**demo.env, "GTR_DATA_DIR": str(there), "GTR_MODEL_DIR": None}
+    for _ in range(2):  # importing twice files nothing new
+        got = gtr_cli("study", "import", str(bundle), env=elsewhere)
+        assert got.returncode == 0 and "warning" not in got.stderr, got.stderr
+        assert "the warm start of numberline seed 1 is in this cache (" in got.stdout
+    (entry,) = [d for d in (there / "cache" / "warmstart").iterdir() if d.name[0] != "."]
+    assert CheckpointStore.weights_digest(entry / "model") in start
+    trained = gtr_cli("study", "run", str(DEMO), env=elsewhere, timeout=900)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert "started from other weights" not in trained.stdout
+    with session_scope(f"sqlite:///{there / 'gtr.sqlite3'}") as s:
+        new = s.scalars(select(Run).where(Run.study_seed == 1, Run.study_arm == "rl4vlm")).one()
+        assert new.status == "completed" and new.info["warm_start"]["reused"] is True
+        assert new.info["init_weights_sha256"] in start
+        (group,) = build_report(s, 1).groups
+        assert group.split_starts == [] and sorted(group.primary.arms[1].runs) == [0, 1]
+
+    def stored(data: Path) -> tuple[int, list[str]]:
+        with session_scope(f"sqlite:///{data / 'gtr.sqlite3'}") as s:
+            studies = len(s.scalars(select(Study)).all())
+        cache = data / "cache" / "warmstart"
+        return studies, sorted(p.name for p in cache.iterdir()) if cache.is_dir() else []
+
+    def importing(
+        name: str, edit: Callable[[dict[str, Any]], None] | None = None
+    ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+        data = json.loads(gzip.decompress((thin if edit is None else bundle).read_bytes()))
+        if edit is not None:
+            edit(data["warm_starts"][0])
+        path, store = tmp_path / f"{name}.json", tmp_path / name
+        path.write_text(json.dumps(data))
+        got = gtr_cli("study", "import", str(path), env={**env, "GTR_DATA_DIR": str(store)})
+        assert "Traceback" not in got.stderr, got.stderr
+        return store, got
+
+    store, got = importing("thin")
+    assert got.returncode == 0
+    assert "warning: the bundle carries no warm start of numberline seed 1: its seed's next " in (
+        got.stderr
+    )
+    assert stored(store) == (1, [])
+
+    def other_code(w: dict[str, Any]) -> None:
+        w["entry"]["inputs"]["code"] = "0" * 64
+
+    store, got = importing("other-code", other_code)
+    assert got.returncode == 0
+    assert (
+        "warning: the warm start of numberline seed 1 was not installed, it was built with "
+        "other warm-start code: its seed's next runs build it again"
+    ) in got.stderr
+    assert stored(store) == (1, [])
+
+    def damaged(w: dict[str, Any]) -> None:
+        name = next(n for n in w["entry"]["files"] if n.endswith(".safetensors"))
+        w["entry"]["files"][name] = "eA=="
+
+    def outside(w: dict[str, Any]) -> None:
+        w["entry"]["files"]["../../evil.safetensors"] = "eA=="
+
+    def hostile(w: dict[str, Any]) -> None:
+        w["cell"]["task"] = "<script>alert('t')</script>"
+
+    for edit, says in (
+        (damaged, "its weights are not the ones it was packed with (damaged)"),
+        (outside, "it names a file outside its folder: '../../evil.safetensors'"),
+        (hostile, "warm start 1 of the bundle is for no cell of the study"),
+    ):
+        store, got = importing(edit.__name__, edit)
+        assert got.returncode == 1 and says in got.stderr, got.stderr
+        assert stored(store) == (0, []), edit.__name__
+    assert not (tmp_path / "evil.safetensors").exists()
 
 
 def _newer_study_file(c: sqlite3.Connection) -> None:
@@ -177,7 +299,6 @@ def test_a_newer_versions_study_file_or_schema_stops_new_runs_with_one_message(
     field it does not know), or migrates the store past this version's schema. The runner
     starts no further run, lets the one in flight finish, and stops with one message and
     exit 1, not a traceback (nor alembic's "Can't locate revision" in its children)."""
-    import subprocess
     import sys
     import time
 
