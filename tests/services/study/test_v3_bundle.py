@@ -37,6 +37,20 @@ def test_the_carried_v3_runs_are_finished_cells_of_the_declared_grid(tmp_path: P
     env = {"GTR_DATA_DIR": str(tmp_path), "GTR_DATABASE_URL": None, "GTR_REDIS_URL": None}
     got = gtr_cli("study", "import", str(BUNDLE), env=env)
     assert got.returncode == 0, got.stderr
+    # The warm starts of the seeds still to train travel with the bundle and are filed here, so
+    # the next session's runs of a seed start from the weights its finished runs started from.
+    # A change to the warm-start recipe or its code while a seed is unfinished fails here.
+    carried = [w for w in bundle.get("warm_starts", []) if w["entry"]]
+    assert "warning" not in got.stderr, got.stderr
+    assert got.stdout.count(" is in this cache (") == len(carried), got.stdout
+    for w in carried:
+        seed = (w["cell"]["task"], w["cell"]["seed"])
+        starts = {
+            r["info"]["init_weights_sha256"]
+            for r in bundle["runs"]
+            if (r["study_task"], r["study_seed"]) == seed
+        }
+        assert starts <= {w["entry"]["weights_sha256"]}, seed
     with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
         runs = s.scalars(select(Run)).all()
         assert len(runs) == len(bundle["runs"])
