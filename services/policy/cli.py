@@ -44,7 +44,7 @@ def init_tiny(
         raise click.ClickException(f"{out} already holds a model (use --force to overwrite)")
     try:
         corpus = corpus_file.read_text().splitlines() if corpus_file else None
-        path = build_tiny(out, arch, size, image_size, corpus, seed)  # type: ignore[arg-type]
+        path = build_tiny(out, arch, size, image_size, corpus, seed, overwrite=True)  # type: ignore[arg-type]
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"tiny {arch} {size} ({image_size}px) written to {path}")

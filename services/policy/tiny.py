@@ -7,6 +7,9 @@ Recipe and presets: ``offline-models.md`` and ``tiny-numberline.md`` (S=64 / pat
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -47,14 +50,30 @@ def build_tiny(
     image_size: int = 64,
     corpus: Iterable[str] | None = None,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> Path:
-    """Build, save and return the folder of a random-weight `arch` model of preset `size`."""
+    """Build, save and return the folder of a random-weight `arch` model of preset `size`.
+
+    The folder appears whole: it is written beside ``out_dir`` and renamed into place. When
+    ``out_dir`` already holds a model by then (another process built the same one first) that
+    model is kept, unless ``overwrite``: a model in use is never rewritten under its readers,
+    and its files keep the times the warm-start cache's key may read (warmcache.py)."""
     out = Path(out_dir)
     model, processor = make_tiny(arch, size, image_size, corpus, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    processor.tokenizer.save_pretrained(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        processor.tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, out)  # atomic; fails when out exists and is not an empty folder
+        except OSError:
+            if overwrite or not (out / "config.json").exists():
+                for f in tmp.iterdir():
+                    os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -128,9 +128,15 @@ def _warm_starts(session: Session, study: Study) -> list[dict[str, Any]]:
     from services.trainer.warmcache import pack_entry
 
     cfg = service.config_of(study)
+    recorded: dict[str, list[str]] = {}  # group -> the keys its runs recorded, latest first
+    for run in sorted(service.study_runs(session, study.id), key=lambda r: -r.id):
+        key = ((run.info or {}).get("warm_start") or {}).get("key")
+        if key and run.status != service.SUPERSEDED:  # a superseded run's start is not wanted
+            group = service.warm_group(cfg.run_config(service.cell_of(run)))
+            recorded.setdefault(str(group), []).append(str(key))
     out = []
-    for cell in groups.values():
-        packed = pack_entry(cfg.run_config(cell))
+    for group, cell in groups.items():
+        packed = pack_entry(cfg.run_config(cell), recorded.get(group, []))
         out.append({"cell": asdict(cell), "entry": packed})  # None: this cache has none
     return out
 
@@ -309,6 +315,9 @@ def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int)
         return []
     from services.trainer.warmcache import CarryRefused, install_entry
 
+    started = {
+        service.warm_group(cfg.run_config(service.cell_of(r))) for r in _finished(session, study)
+    }
     lines, seen = [], set()
     for cell, packed in carried:
         group = service.warm_group(cfg.run_config(cell))
@@ -317,7 +326,10 @@ def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int)
         seen.add(group)
         what = f"the warm start of {_seed_text(cell)}"
         if packed is None:
-            lines.append(f"warning: {what} was not in the exporting machine's cache: {_REBUILT}")
+            if group in started:  # else no run of the seed has started from a warm start yet
+                lines.append(
+                    f"warning: {what} was not in the exporting machine's cache: {_REBUILT}"
+                )
             continue
         try:
             key = install_entry(cfg.run_config(cell), packed)
@@ -325,9 +337,6 @@ def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int)
             lines.append(f"warning: {what} was not installed, {e}: {_REBUILT}")
             continue
         lines.append(f"{what} is in this cache ({key[:12]}): its seed's next runs reuse it")
-    started = {
-        service.warm_group(cfg.run_config(service.cell_of(r))) for r in _finished(session, study)
-    }
     for group, cell in wanted.items():
         if group not in seen and group in started:
             lines.append(

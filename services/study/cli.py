@@ -318,9 +318,6 @@ def study_import(file: Path, team: str | None) -> None:
             got = import_study(s, bundle, team)
     except BundleError as e:
         raise click.ClickException(str(e)) from None
-    with session_scope() as s:
-        for line in install_warm_starts(s, bundle, got.study_id):
-            click.echo(line, err=line.startswith("warning:"))
     click.echo(
         f"study {got.study_id} ({'new' if got.created else 'existing'}): "
         f"{len(got.added)} runs imported, {got.skipped} already here; "
@@ -331,6 +328,9 @@ def study_import(file: Path, team: str | None) -> None:
             "rerun the study file with `gtr study run FILE` here (or `gtr study resume "
             f"{got.study_id}` on the full stack) to train them"
         )
+    with session_scope() as s:
+        for line in install_warm_starts(s, bundle, got.study_id):
+            click.echo(line, err=line.startswith("warning:"))
 
 
 @study.command("rerun")

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,9 @@ log = logging.getLogger(__name__)
 # renderers, the expert's outputs, the tiny model builder).
 RECIPE_VERSION = 1
 META = "meta.json"
-SMALL_FILE = 1 << 20  # base-model files up to this size are hashed whole; larger by size+mtime
+# Base-model files up to this size are hashed whole (a tiny model's weights among them, so its
+# entries outlive a rebuild of it); larger ones by size and mtime, read once per run start.
+SMALL_FILE = 256 << 20
 
 
 @dataclass
@@ -73,7 +76,8 @@ def recipe_code_version() -> str:
 
 
 def model_fingerprint(base: Path) -> str:
-    """The base model folder: small files by content, weight files by name, size and mtime."""
+    """The base model folder: files up to SMALL_FILE by content, larger ones by name, size and
+    mtime (hashing a 15 GB checkpoint at every run start would cost more than it saves)."""
     h = hashlib.sha256()
     for f in sorted(p for p in Path(base).rglob("*") if p.is_file()):
         st = f.stat()
@@ -317,21 +321,33 @@ def weights_sha256(model: Path) -> str:
     return CheckpointStore.weights_digest(model)
 
 
-def pack_entry(cfg: RunConfig) -> dict[str, Any] | None:
-    """The cache entry the next run of ``cfg`` here would reuse, as JSON-ready data (files in
-    base64); None when this cache holds none."""
+def pack_entry(cfg: RunConfig, keys: Sequence[str] = ()) -> dict[str, Any] | None:
+    """A cache entry for ``cfg`` as JSON-ready data (files in base64): the first of ``keys``
+    (those runs recorded) this cache holds that was built from ``cfg``'s inputs (its key may
+    predate a change of the base model's mtime or of how the key reads it), else the entry
+    under the key ``cfg`` has now; None when this cache holds none."""
     from services.trainer.warmstart import base_model_path
 
     if not _enabled(cfg):
         return None
     base = base_model_path(cfg.model, cfg.task)
     key, inputs, entry = _entry(cfg)
+    ours = {k: v for k, v in inputs.items() if k != "base_model"}
+    for recorded in keys:
+        there = cache_root() / recorded
+        try:
+            built = json.loads((there / META).read_text())["inputs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if {k: v for k, v in built.items() if k != "base_model"} == ours:
+            entry = there
+            break
     if not (entry / META).is_file():
         return None
     meta = json.loads((entry / META).read_text())
     model = entry / "model"
     return {
-        "inputs": {k: v for k, v in inputs.items() if k != "base_model"},
+        "inputs": ours,
         "base_model_sha256": content_digest(base),
         "weights_sha256": weights_sha256(model),
         "seconds": float(meta.get("seconds", 0.0)),

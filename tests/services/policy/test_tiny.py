@@ -86,3 +86,29 @@ def test_bad_arguments_are_rejected(corpus: list[str]) -> None:
         make_tiny("llava", "1m", 72, corpus)
     with pytest.raises(ValueError, match="corpus"):
         make_tiny("llava", "1m", 64, [])
+
+
+def test_a_second_build_keeps_the_model_in_place(tmp_path: Path, corpus: list[str]) -> None:
+    """Two runs of a study starting together both build the missing base model: the second
+    finds the first's folder and keeps it, bytes and times untouched, so nothing is rewritten
+    under a reader and the warm-start cache's key does not change under the first run. A
+    rebuild elsewhere gives the same key (the tiny model is fingerprinted by content); an
+    explicit overwrite replaces the files. No half-written folder is left behind."""
+    from services.policy.tiny import build_tiny
+    from services.trainer.warmcache import model_fingerprint
+
+    def files(folder: Path) -> dict[str, tuple[int, bytes]]:
+        return {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in folder.iterdir()}
+
+    out = tmp_path / "model"
+    assert build_tiny(out, "llava", "1m", corpus=corpus) == out
+    first = files(out)
+    assert "model.safetensors" in first
+    assert build_tiny(out, "llava", "1m", corpus=corpus) == out
+    assert files(out) == first
+    elsewhere = build_tiny(tmp_path / "elsewhere", "llava", "1m", corpus=corpus)
+    assert model_fingerprint(elsewhere) == model_fingerprint(out)
+    build_tiny(out, "llava", "1m", corpus=corpus, seed=1, overwrite=True)
+    assert files(out)["model.safetensors"][1] != first["model.safetensors"][1]
+    assert model_fingerprint(out) != model_fingerprint(elsewhere)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "model"]
