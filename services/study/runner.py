@@ -139,9 +139,10 @@ def cell_text(run: Run) -> str:
 
 
 def _line(run: Run) -> str:
-    retry = " (retry)" if (run.study_attempt or 1) > 1 else ""
+    # A later attempt is a retry after a failure or a rerun after `gtr study rerun`.
+    attempt = f" (attempt {run.study_attempt})" if (run.study_attempt or 1) > 1 else ""
     end = f": {run.error}" if run.status == "failed" and run.error else ""
-    return f"run {run.id} {cell_text(run)}{retry}: {run.status}{end}"
+    return f"run {run.id} {cell_text(run)}{attempt}: {run.status}{end}"
 
 
 def _release(children: list[Child]) -> None:
