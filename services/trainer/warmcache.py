@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from services.trainer.warmenv import warm_env
 from shared.schemas import RunConfig
 from shared.settings import get_settings
+from shared.storage import CheckpointStore
 
 if TYPE_CHECKING:
     from services.policy.service import Policy
@@ -205,26 +206,30 @@ def _store(
     summary: dict[str, float],
     seconds: float,
 ) -> None:
+    def fill(model: Path) -> None:
+        if cfg.model.finetune == "full":
+            policy.save(model)
+        else:
+            _copy_tree(base_dir, model)
+
+    _write_entry(cfg, entry, fill, {"inputs": inputs, "summary": summary, "seconds": seconds})
+
+
+def _write_entry(
+    cfg: RunConfig, entry: Path, fill: Callable[[Path], None], meta: dict[str, Any]
+) -> None:
+    """Write an entry whole: ``fill`` writes its model folder, then meta.json, in a temporary
+    folder renamed into place; a concurrent run that stored the same key first wins."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name[:12]}-"))
     try:
-        if cfg.model.finetune == "full":
-            policy.save(tmp / "model")
-        else:
-            _copy_tree(base_dir, tmp / "model")
-        meta = {
-            "inputs": inputs,
-            "summary": summary,
-            "seconds": seconds,
-            "task": cfg.task,
-            "name": cfg.name,
-            "created_at": time.time(),
-        }
+        fill(tmp / "model")
+        meta = {**meta, "task": cfg.task, "name": cfg.name, "created_at": time.time()}
         (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         os.rename(tmp, entry)  # atomic; fails when a concurrent run stored the same key first
-    except OSError:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (entry / META).is_file():
+        if not (isinstance(e, OSError) and (entry / META).is_file()):
             raise
 
 
@@ -305,22 +310,6 @@ class CarryRefused(ValueError):
     """A carried entry that this machine cannot use; the message says why in one line."""
 
 
-def content_digest(folder: Path) -> str:
-    """sha256 over every file of a folder, names and bytes: the same on any machine."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(folder)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-def weights_sha256(model: Path) -> str:
-    """What a run started from this entry records as ``init_weights_sha256``."""
-    from shared.storage import CheckpointStore
-
-    return CheckpointStore.weights_digest(model)
-
-
 def pack_entry(cfg: RunConfig, keys: Sequence[str] = ()) -> dict[str, Any] | None:
     """A cache entry for ``cfg`` as JSON-ready data (files in base64): the first of ``keys``
     (those runs recorded) this cache holds that was built from ``cfg``'s inputs (its key may
@@ -348,8 +337,8 @@ def pack_entry(cfg: RunConfig, keys: Sequence[str] = ()) -> dict[str, Any] | Non
     model = entry / "model"
     return {
         "inputs": ours,
-        "base_model_sha256": content_digest(base),
-        "weights_sha256": weights_sha256(model),
+        "base_model_sha256": CheckpointStore.digest(base)[1],
+        "weights_sha256": CheckpointStore.weights_digest(model),
         "seconds": float(meta.get("seconds", 0.0)),
         "summary": meta.get("summary", {}),
         "files": {
@@ -378,7 +367,7 @@ def unpack_files(packed: dict[str, Any], dest: Path) -> None:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(raw)
-    if weights_sha256(dest) != packed.get("weights_sha256"):
+    if CheckpointStore.weights_digest(dest) != packed.get("weights_sha256"):
         raise CarryRefused("its weights are not the ones it was packed with (damaged)")
 
 
@@ -403,34 +392,27 @@ def install_entry(cfg: RunConfig, packed: dict[str, Any]) -> str:
         raise CarryRefused(
             f"it was built with other {', '.join(_INPUT_NAMES.get(k, k) for k in differ)}"
         )
-    if content_digest(base) != packed.get("base_model_sha256"):
+    if CheckpointStore.digest(base)[1] != packed.get("base_model_sha256"):
         raise CarryRefused(f"it was built from another base model than {base}")
     if (entry / META).is_file():
-        if weights_sha256(entry / "model") == packed.get("weights_sha256"):
+        if CheckpointStore.weights_digest(entry / "model") == packed.get("weights_sha256"):
             return key  # already here, e.g. a bundle imported twice
         raise CarryRefused(
             f"this cache holds another warm start for it ({key[:12]}); `gtr cache rm "
             f"{key[:12]}` first to take the carried one"
         )
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key[:12]}-"))
-    try:
-        unpack_files(packed, tmp / "model")
-        _rebase(tmp / "model", base)
-        meta = {
-            "inputs": inputs,
-            "summary": packed.get("summary", {}),
-            "seconds": float(packed.get("seconds", 0.0)),
-            "task": cfg.task,
-            "name": cfg.name,
-            "created_at": time.time(),
-            "carried": True,
-        }
-        (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        os.rename(tmp, entry)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    def fill(model: Path) -> None:
+        unpack_files(packed, model)
+        _rebase(model, base)
+
+    meta = {
+        "inputs": inputs,
+        "summary": packed.get("summary", {}),
+        "seconds": float(packed.get("seconds", 0.0)),
+        "carried": True,
+    }
+    _write_entry(cfg, entry, fill, meta)
     return key
 
 
