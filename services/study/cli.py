@@ -307,7 +307,8 @@ def study_export(study_id: int, out: Path, warm_starts: bool) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--team", default=None, help="The team to own it (default: the bundle's).")
 def study_import(file: Path, team: str | None) -> None:
-    """Add a bundle's study and runs to this store; cells that have a run here are skipped."""
+    """Add a bundle's study and runs to this store (cells that have a run here are skipped) and
+    its warm starts to this machine's cache."""
     from services.study.bundle import BundleError, import_study, install_warm_starts, read_bundle
     from shared.db.session import session_scope
 
