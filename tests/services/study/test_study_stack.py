@@ -31,22 +31,29 @@ pytestmark = pytest.mark.slow
 UPDATES = 2  # the controller is killed after update 0, the resumed run finishes update 1
 
 
+def _cancel_active() -> None:
+    """Cancel every study and every queued or running run in the session's database: a
+    controller claims any of them, so one left by an earlier test of this worker (a queued run
+    of an API test, a run whose process was killed) would be driven before this file's runs,
+    and this file's must not reach a later test's controller either."""
+    with session_scope() as s:
+        s.execute(update(Study).values(status="cancelled"))
+        s.execute(
+            update(Run).where(Run.status.in_(("queued", "running"))).values(status="cancelled")
+        )
+
+
 @pytest.fixture(scope="module")
 def stack(pg_url: str, redis_url: str, default_model_dir: Path) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="gtr-study-stack-"))
     st = Stack(root, dict(os.environ), default_model_dir)  # the session's database and Redis
+    _cancel_active()
     try:
         st.start_all()
         yield st
     finally:
         st.stop_all()
-        with session_scope() as s:  # nothing of this file may reach another file's controller
-            s.execute(update(Study).values(status="cancelled"))
-            s.execute(
-                update(Run)
-                .where(Run.study_id.is_not(None), Run.status.in_(("queued", "running")))
-                .values(status="cancelled")
-            )
+        _cancel_active()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -78,6 +85,8 @@ def _wait(what: str, check: Any, timeout_s: float, st: Stack) -> Any:
     raise AssertionError(f"{what} after {timeout_s}s\n{st.tails(('controller',))}")
 
 
+# The waits fit inside the test's timeout, so a stuck study fails with the controller's log.
+@pytest.mark.timeout(900)
 def test_gtr_study_create_runs_through_the_controllers_and_survives_a_killed_controller(
     stack: Stack, warm_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -108,7 +117,7 @@ def test_gtr_study_create_runs_through_the_controllers_and_survives_a_killed_con
         assert sum(st in ("queued", "running") for _, st, _ in rows) <= 2, rows
         return next((i for i, st, u in rows if st == "running" and 1 <= u < UPDATES), None)
 
-    killed_run = _wait("no study run got midway", midway, 900, stack)
+    killed_run = _wait("no study run got midway", midway, 300, stack)
     stack.kill("controller")
     time.sleep(1)
     stack.start("controller")  # resumes the run once its heartbeat is stale (--stale-after 6)
@@ -122,7 +131,7 @@ def test_gtr_study_create_runs_through_the_controllers_and_survives_a_killed_con
         body = r.json()
         return body if body["status"] in ("done", "failed", "cancelled") else None
 
-    report = _wait("the study did not finish", finished, 1500, stack)
+    report = _wait("the study did not finish", finished, 480, stack)
     assert report["status"] == "done", report["progress"]
     with session_scope() as s:
         runs = s.scalars(select(Run).where(Run.study_id == study_id)).all()
