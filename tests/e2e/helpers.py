@@ -13,12 +13,25 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from shared.db.models import Checkpoint, Correction, Episode, Run, Step, Update
+from shared.db.models import Checkpoint, Correction, Episode, Run, Step, Study, Update
 from shared.db.session import session_scope
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def cancel_active_runs() -> None:
+    """Cancel every study and every queued or running run in the session's database, before and
+    after a module's controller works on it: a controller claims any such run, so one an earlier
+    test of this worker left (test_api.py leaves ten queued runs) would be driven before the
+    module's own, and the module's must not reach a later module's controller."""
+    with session_scope() as s:
+        s.execute(update(Study).values(status="cancelled"))
+        s.execute(
+            update(Run).where(Run.status.in_(("queued", "running"))).values(status="cancelled")
+        )
+
 
 TINY = """
 name = "e2e"

@@ -24,7 +24,7 @@ from services.api.auth import create_token
 from shared.db.models import Episode, Step
 from shared.db.session import session_scope
 from tests.conftest import free_port, need
-from tests.e2e.helpers import counts, process, tiny_run, wait_status
+from tests.e2e.helpers import cancel_active_runs, counts, process, tiny_run, wait_status
 from tests.services.alfworld.conftest import SAMPLE
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,9 @@ def full_stack(
         # or a run wider than one request) runs whole in controller/test_wide_runs.py.
     }
     env_port, policy_port = urls["env"].rsplit(":", 1)[1], urls["policy"].rsplit(":", 1)[1]
+    cancel_active_runs()
     with ExitStack() as stack:
+        stack.callback(cancel_active_runs)
         procs = {
             "api": stack.enter_context(
                 process(["serve", "--port", str(port)], logs / "api.log", env)

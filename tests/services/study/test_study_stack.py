@@ -17,13 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from services.api.auth import create_token
-from shared.db.models import EvalOutcome, Run, Study
+from shared.db.models import EvalOutcome, Run
 from shared.db.session import session_scope
 from shared.toml import dumps
-from tests.e2e.helpers import ROOT, counts, tiny_run
+from tests.e2e.helpers import ROOT, cancel_active_runs, counts, tiny_run
 from tests.faults.infra import Stack
 
 pytestmark = pytest.mark.slow
@@ -31,29 +31,17 @@ pytestmark = pytest.mark.slow
 UPDATES = 2  # the controller is killed after update 0, the resumed run finishes update 1
 
 
-def _cancel_active() -> None:
-    """Cancel every study and every queued or running run in the session's database: a
-    controller claims any of them, so one left by an earlier test of this worker (a queued run
-    of an API test, a run whose process was killed) would be driven before this file's runs,
-    and this file's must not reach a later test's controller either."""
-    with session_scope() as s:
-        s.execute(update(Study).values(status="cancelled"))
-        s.execute(
-            update(Run).where(Run.status.in_(("queued", "running"))).values(status="cancelled")
-        )
-
-
 @pytest.fixture(scope="module")
 def stack(pg_url: str, redis_url: str, default_model_dir: Path) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="gtr-study-stack-"))
     st = Stack(root, dict(os.environ), default_model_dir)  # the session's database and Redis
-    _cancel_active()
+    cancel_active_runs()
     try:
         st.start_all()
         yield st
     finally:
         st.stop_all()
-        _cancel_active()
+        cancel_active_runs()
         shutil.rmtree(root, ignore_errors=True)
 
 
