@@ -22,15 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cancel_active_runs() -> None:
-    """Cancel every study and every queued or running run in the session's database, before and
-    after a module's controller works on it: a controller claims any such run, so one an earlier
-    test of this worker left (test_api.py leaves ten queued runs) would be driven before the
-    module's own, and the module's must not reach a later module's controller."""
+    """Cancel every queued or running study and run in the session's database, before and after
+    a test's controller works on it: a controller claims any such run, so one an earlier test of
+    this worker left (test_api.py leaves ten queued runs, launched with no controller) would be
+    driven before the test's own, and the test's must not reach a later test's controller."""
+    active = ("queued", "running")
     with session_scope() as s:
-        s.execute(update(Study).values(status="cancelled"))
-        s.execute(
-            update(Run).where(Run.status.in_(("queued", "running"))).values(status="cancelled")
-        )
+        s.execute(update(Study).where(Study.status.in_(active)).values(status="cancelled"))
+        s.execute(update(Run).where(Run.status.in_(active)).values(status="cancelled"))
 
 
 TINY = """

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from shared.db.models import Run, Study, Update
+from shared.db.models import Update
 from shared.db.session import session_scope
 from tests.conftest import free_ports
-from tests.e2e.helpers import ROOT, counts, tiny_config
+from tests.e2e.helpers import ROOT, cancel_active_runs, counts, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -107,19 +107,6 @@ def _up(
             pass
 
 
-def _no_queue_left() -> None:
-    """The stack's controller drives every queued run of the database, and this worker's other
-    files may have left some (launched over REST with no controller of their own): cancelled
-    first, so that the controller drives this file's runs only."""
-    with session_scope() as s:
-        s.execute(
-            update(Study).where(Study.status.in_(("queued", "running"))).values(status="cancelled")
-        )
-        s.execute(
-            update(Run).where(Run.status.in_(("queued", "running"))).values(status="cancelled")
-        )
-
-
 def test_gtr_up_then_run_create_and_watch(
     pg_url: str, redis_url: str, warm_checkpoint: Path, default_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -131,7 +118,7 @@ def test_gtr_up_then_run_create_and_watch(
         "GTR_MODEL_DIR": str(default_model_dir.parent),
     }
     port = free_ports(3)  # the API, then the env and policy services on port+1, port+2
-    _no_queue_left()
+    cancel_active_runs()
     with _up(port, env, stop=signal.SIGTERM) as up:
         assert up.stdout is not None
         # A part killed outright is restarted, and the restarted controller drives the run below.
@@ -182,7 +169,7 @@ def test_gtr_up_with_the_envs_in_the_policy_service(
         "GTR_POLICY_HOSTS_ENVS": "true",
     }
     port = free_ports(3)
-    _no_queue_left()
+    cancel_active_runs()
     with _up(port, env, stop=signal.SIGHUP) as up:
         with pytest.raises(AssertionError, match="no env child"):
             _child(up.pid, "env")
