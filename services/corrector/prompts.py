@@ -129,14 +129,24 @@ def user_prompt(
     return "\n".join(lines)
 
 
-# State keys the env computes with the solver: privileged facts the agent never sees. A corrector
-# learns them only through the solver tool (issue 40: `tools = false` must mean no solver at all).
+# State keys the env computes with its solver or expert: privileged facts the agent never sees.
+# A corrector learns the card games' ones only through the solver tool (issue 40: `tools = false`
+# must mean no solver at all); ALFWorld's (the expert's plan, the goal conditions met, the win,
+# the game file) no corrector of the paper was given (issue 55).
 SOLVER_KEYS = ("solvable", "completable")
+ALFWORLD_SOLVER_KEYS = (
+    "expert_plan",
+    "goal_progress",
+    "goal_condition_success_rate",
+    "won",
+    "game",
+)
+PRIVILEGED_KEYS = SOLVER_KEYS + ALFWORLD_SOLVER_KEYS
 
 
 def agent_view(state: dict[str, Any]) -> dict[str, Any]:
-    """The state as the agent sees it: the solver's facts taken out."""
-    return {k: v for k, v in state.items() if k not in SOLVER_KEYS}
+    """The state as the agent sees it: the solver's and the expert's facts taken out."""
+    return {k: v for k, v in state.items() if k not in PRIVILEGED_KEYS}
 
 
 def describe_state(state: dict[str, Any]) -> str:

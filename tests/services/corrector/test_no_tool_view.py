@@ -49,3 +49,50 @@ def test_http_corrector_without_tools_gets_no_solver_verdicts(fake_openai: FakeO
     off, on = (r["json"]["state"] for r in fake_openai.requests)
     assert "solvable" not in off and "completable" not in off and off["cards"]
     assert {"solvable", "completable"} <= set(on)  # the privileged protocol, tools on
+
+
+def _real_alfworld_request() -> CorrectionRequest:
+    """A real ALFWorld state as the env writes it: the expert's plan, the goal conditions met,
+    the win and the game file included."""
+    import importlib.util
+
+    from tests.conftest import need
+    from tests.services.alfworld.conftest import REAL, make
+
+    need(importlib.util.find_spec("alfworld") is not None, "the alfworld extra is not installed")
+    need(REAL.is_dir(), f"the ALFWorld sample is missing at {REAL}")
+    env = make(REAL)
+    state = json.loads(json.dumps(env.state()))
+    assert {"expert_plan", "goal_progress", "won", "game"} <= set(state)
+    output = {"thoughts": "I look for the potato", "action": "look"}
+    return CorrectionRequest(
+        task="alfworld", prompt=env.prompt(), output=json.dumps(output), state=state
+    )
+
+
+ALFWORLD_PRIVATE = ("expert_plan", "goal_progress", "goal_condition_success_rate", "won", "game")
+
+
+def test_alfworld_text_only_corrector_gets_no_expert_facts(fake_openai: FakeOpenAI) -> None:
+    """The leak closed for the card games is closed on ALFWorld too (issue 55): a text-only
+    corrector reads the task, what is in front and held, the admissible actions, never the
+    expert's plan, the goal conditions met, the win or the game file."""
+    req = _real_alfworld_request()
+    fake_openai.then(chat(json.dumps({"evaluation": "YES", "correction": None})))
+    OpenAICorrector(fake_openai.url, "m", None, {"tools": False, "vision": False}).correct(req)
+    text = fake_openai.requests[0]["json"]["messages"][1]["content"]
+    seen = json.loads(text.split("\n")[0].removeprefix("[Observation] "))
+    assert seen["task"] == req.state["task"] and seen["admissible"]  # type: ignore[index]
+    for key in ALFWORLD_PRIVATE:
+        assert key not in seen, key
+
+
+def test_alfworld_http_corrector_without_tools_gets_no_expert_facts(
+    fake_openai: FakeOpenAI,
+) -> None:
+    req = _real_alfworld_request()
+    base = fake_openai.url.removesuffix("/v1")
+    fake_openai.then(Reply(body={"verdict": "correct"}))
+    HttpCorrector(base, None, {"tools": False}).correct(req)
+    sent = fake_openai.requests[0]["json"]["state"]
+    assert sent["admissible"] and not set(ALFWORLD_PRIVATE) & set(sent)
