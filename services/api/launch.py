@@ -1,6 +1,8 @@
 """What a run config may name, checked at launch against the launching team: its base model,
-its starting checkpoint and ALFWorld's games (its corrector: ``service.check_corrector``). Each
-refusal is a 422 naming the field."""
+its starting checkpoint, ALFWorld's games, its corrector (``service.check_corrector``) and an
+inline corrector's key variable (``keys.key_not_teams``). Each refusal is a 422 naming the
+field. Every config that can be queued passes here, whatever its origin: a direct launch, a
+study's cells, an imported study or run when resumed."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.api.service import Invalid
+from services.api.service import Invalid, check_corrector
+from services.corrector.keys import key_not_teams
 from shared.db.models import Run
 from shared.paths import (
     CHECKPOINT_NOT_FOUND,
@@ -30,6 +33,11 @@ def check_launch(
     """The config with its paths resolved, or Invalid. One message for "absent" and "not
     allowed", so nothing here tells a team what exists outside its reach."""
     settings = settings or get_settings()
+    check_corrector(session, config, team)
+    inline = config.corrector.inline()
+    refused = key_not_teams(session, team, inline) if inline else None
+    if refused is not None:
+        raise Invalid(("corrector", "api_key_env"), refused)
     updates: dict[str, Any] = {}
     if config.model.path:
         roots = [settings.models_path, *settings.model_roots]

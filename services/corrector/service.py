@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from services.corrector.base import BatchCorrector, CallTrace, Corrector, CorrectorError
 from services.corrector.egress import stored_error
-from services.corrector.keys import decrypt_key
+from services.corrector.keys import decrypt_key, key_not_teams
 from services.corrector.oracle import OracleCorrector, accurate
 from services.corrector.remote import HttpCorrector, OpenAICorrector, RemoteParams
 from services.corrector.resilience import Budget, BudgetExceeded
@@ -72,6 +72,9 @@ def build_corrector(
             made = inline_row(inline, settings)
         except RegistryError as e:
             raise CorrectorError("config", f"the run's inline corrector: {e}") from e
+        refused = key_not_teams(session, team, inline) if team is not None else None
+        if refused is not None:  # checked at launch too; a stored run may predate that check
+            raise CorrectorError("config", f"the run's inline corrector: {refused}")
         return corrector_from_row(made, settings, noise=noise, seed=seed, budget=budget)
     if name == ORACLE:
         return _oracle(noise, seed, errors)

@@ -261,6 +261,15 @@ def test_an_inline_key_variable_outside_the_prefix_is_refused_at_launch(api: dic
         r = _call(api, "POST", "/api/runs", "alpha", json=body)
         _refused_422(r, ["corrector", "api_key_env"], "GTR_CORRECTOR_KEY_")
     assert _count(models.Run) == before
+    # A variable under the prefix: only one a shared (or alpha's) corrector registers for this
+    # base_url (test_round4.py: test_an_inline_corrector_cannot_name_another_teams_key).
+    reg = {"name": "shared-x", **inline, "api_key_env": "GTR_CORRECTOR_KEY_X"}
+    made = _call(api, "POST", "/api/correctors", "ops", json=reg)
+    assert made.status_code == 201, made.text
+    share = _call(
+        api, "PATCH", f"/api/correctors/{made.json()['id']}", "ops", json={"shared": True}
+    )
+    assert share.status_code == 200, share.text
     ok = {"task": "numberline", "corrector": {**inline, "api_key_env": "GTR_CORRECTOR_KEY_X"}}
     assert _call(api, "POST", "/api/runs", "alpha", json=ok).status_code == 201
 
