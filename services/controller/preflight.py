@@ -39,11 +39,13 @@ def preflight(cfg: RunConfig) -> None:
         _check_alfworld(cfg)
         return
     from services.env.registry import make_env
+    from services.env.stalling import refuse_stalling
 
     try:
         make_env(cfg.task, cfg.env, seed=0).close()
+        refuse_stalling(cfg.task, cfg.env, "env")  # never answering must not beat a wrong answer
     except (ValueError, ImportError, OSError) as e:
-        raise PreflightError(f"env: {e}") from None
+        raise PreflightError(str(e) if "stalling" in str(e) else f"env: {e}") from None
 
 
 def _check_vllm() -> None:

@@ -27,6 +27,12 @@ class GymCardsEnv(gym.Env[np.ndarray, Any]):
     action_names: list[str]
     default_max_steps: ClassVar[int] = 300  # the reference registers a TimeLimit of 300
     points: ClassVar[bool] = False  # the parser reads '10' first on the points games
+    # The stall penalty: the reward added when the time limit ends an episode the agent could
+    # have ended itself and did not (a formula never submitted, a hand never stood on). Under the
+    # reference's TimeLimit of 300 such an episode always ends at -1 (the formula outgrows its
+    # limit, the hand busts); a shorter limit must not end it at 0, above a wrong answer's -1.
+    # None: the task has no answer to withhold (NumberLine: every move is one).
+    stall_penalty: ClassVar[float | None] = None
     metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012 - gymnasium reads it per class
 
     def __init__(self, config: EnvConfig | None = None, seed: int | None = None) -> None:
@@ -96,7 +102,11 @@ class GymCardsEnv(gym.Env[np.ndarray, Any]):
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if not terminated and self.config.early_truncation == "reference" and reward == -1.0:
             truncated = True  # GTR's loop: an env reward of -1 ends the episode
-        if not terminated and self.elapsed >= self.max_steps:
+        if not terminated and not truncated and self.elapsed >= self.max_steps:
+            truncated = True
+            if self.stall_penalty is not None:
+                reward += self.stall_penalty  # stalled to the time limit: never scores above -1
+        elif not terminated and self.elapsed >= self.max_steps:
             truncated = True
         return self.render(), float(reward), terminated, truncated, {"state": self.state()}
 

@@ -31,6 +31,7 @@ class BlackjackEnv(GymCardsEnv):
 
     task = "blackjack"
     action_names = ["stand", "hit"]
+    stall_penalty = -1.0  # hitting to the time limit: under the reference's 300 steps, a bust
 
     def _draw_card(self) -> str:
         if self._stacked:

@@ -6,7 +6,9 @@ more often than it is dealt appends " " with -1; '=' scores +10 if the formula e
 and every card was used, else -1, and ends the episode; anything else is appended with 0.
 ``env.early_truncation``: "reference" (GTR's loop) also ends the episode on any -1 and on a
 formula that leaves the corrector's target formula; "solver" (ours, privileged) ends it with -1
-once no completion of the formula reaches the target.
+once no completion of the formula reaches the target. A time limit (``env.max_episode_steps``)
+that ends an episode before '=' adds the over-length -1 (``stall_penalty``), as the reference's
+formula limit does under its TimeLimit of 300: stalling never scores above a wrong answer.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class PointsEnv(GymCardsEnv):
     """Shared rules of the two formula games."""
 
     points = True
+    stall_penalty = -1.0  # the reference's over-length -1 (its formula limit, under TimeLimit 300)
     target: ClassVar[int]
     n_cards: ClassVar[int]
     max_formula: ClassVar[int]

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from services.env.stalling import refuse_stalling
 from shared.config_paths import resolve_config_paths
 from shared.payload import check_free_form, check_storable
 from shared.schemas import RunConfig
@@ -251,7 +252,18 @@ class StudyConfig(_Strict):
                 f"{self.budget.max_env_steps:,}"
             )
         self._check_shared_runs()
+        self._check_stalling()
         return self
+
+    def _check_stalling(self) -> None:
+        """No cell may score never answering above a wrong answer (services/env/stalling.py)."""
+        seen: set[tuple[str, str]] = set()
+        for cell in self.cells():
+            cfg = self.run_config(cell)
+            key = (cfg.task, cfg.env.model_dump_json())
+            if key not in seen:
+                seen.add(key)
+                refuse_stalling(cfg.task, cfg.env, cell.describe())
 
     def _check_shared_names(self) -> None:
         for name in self.shared_arms:
