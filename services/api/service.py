@@ -162,6 +162,7 @@ def resume_run(session: Session, token: ApiToken, run_id: int) -> Run:
         raise Conflict(
             f"run {run_id} is {run.status}: only a failed or cancelled run can be resumed"
         )
+    recheck(session, run.config, run.team)  # an imported run's config was never launched here
     # A controller claims it and resumes after its last trained update (RunDriver._start).
     # The time it spent stopped is not the run's elapsed time (run_timing leaves it out).
     from shared.db.models import utcnow
@@ -173,6 +174,23 @@ def resume_run(session: Session, token: ApiToken, run_id: int) -> Run:
         run.info = {**(run.info or {}), "paused_s": paused + max(0.0, stopped)}
     run.status, run.finished_at, run.cancel_requested = "queued", None, False
     return run
+
+
+def recheck(session: Session, config: Any, team: str) -> None:
+    """A stored config about to be queued again passes the launch checks (an imported one
+    never met them here); one that no longer validates is refused the same way."""
+    from pydantic import ValidationError
+
+    from services.controller.launch_checks import check_launch
+    from shared.schemas import RunConfig
+
+    try:
+        parsed = RunConfig.model_validate(config)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = tuple(str(p) for p in first["loc"]) or ("config",)
+        raise Invalid(where, f"the stored config does not validate: {first['msg']}") from None
+    check_launch(session, parsed, team)
 
 
 def list_updates(

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import tempfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +66,16 @@ RUN_FIELDS = (
 )
 TIMES = ("created_at", "started_at", "finished_at")
 OUTCOME = ("update_idx", "deal", "seed", "success", "episode_return", "episode_length")
+
+
+# What a bundle may hold (a 63-run study is 12 MB of JSON and 1 M values): the cap on its
+# inflated size is checked while it inflates, so a small file that inflates to gigabytes is
+# refused after reading MAX_BYTES; the others before a value is built.
+MAX_BYTES = 128 * 2**20  # inflated; gtr study import --max-mib raises it
+MAX_VALUES = 4_000_000  # JSON values (commas and containers counted before parsing)
+MAX_DEPTH = 32  # nesting of objects and lists
+MAX_NUMBER = 1e15  # |x| of any fraction: a score beyond it is a forgery, not a measurement
+OPERATOR_TEAM = "default"  # the operator's team (gtr train's): an import's team unless named
 
 
 class BundleError(ValueError):
@@ -192,19 +204,39 @@ def write_bundle(bundle: dict[str, Any], path: Path) -> None:
     tmp.replace(path)
 
 
-def read_bundle(path: Path) -> dict[str, Any]:
-    """A bundle file, gzip'd or not; BundleError names what is wrong with it."""
+def read_bundle(path: Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    """A bundle file, gzip'd or not, inflated in a stream up to ``max_bytes``; BundleError
+    names what is wrong with it in one line."""
+    raw = bytearray()
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            with gzip.GzipFile(fileobj=f) if gz else f as stream:
+                while len(raw) <= max_bytes and (chunk := stream.read(2**20)):
+                    raw += chunk
     except FileNotFoundError:
         raise BundleError(f"bundle not found: {path}") from None
-    except OSError as e:
-        raise BundleError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-        bundle = json.loads(text)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise BundleError(f"{path} is not a study bundle (gzip'd JSON): {e}") from None
+    except OSError as e:
+        raise BundleError(f"cannot read {path}: {e.strerror or type(e).__name__}") from None
+    if len(raw) > max_bytes:
+        raise BundleError(
+            f"{path} holds more than {max_bytes // 2**20} MiB of JSON: refused "
+            "(gtr study import --max-mib raises the cap)"
+        )
+    if raw.count(b",") + raw.count(b"{") + raw.count(b"[") > MAX_VALUES:
+        raise BundleError(f"{path} holds more than {MAX_VALUES:,} JSON values: refused")
+    try:
+        bundle = json.loads(raw, parse_float=_number, parse_int=_number, parse_constant=_constant)
+    except RecursionError:
+        raise BundleError(f"{path} nests deeper than {MAX_DEPTH} levels: refused") from None
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise BundleError(f"{path} is not a study bundle (gzip'd JSON): {e}") from None
+    problem = _unstorable(bundle)
+    if problem:
+        raise BundleError(f"{path}: {problem}: refused")
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
         raise BundleError(f"{path} is not a study bundle: no format {FORMAT!r}")
     if bundle.get("version") != VERSION:
@@ -215,21 +247,61 @@ def read_bundle(path: Path) -> dict[str, Any]:
     return bundle
 
 
+def _number(text: str) -> float | int:
+    if not any(c in text for c in ".eE"):
+        if len(text) > 20 or not -(2**63) <= int(text) < 2**63:  # a column's integer (seeds)
+            raise ValueError(f"the integer {text[:30]} is out of range (64 bits)")
+        return int(text)
+    value = float(text)
+    if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+        raise ValueError(f"the number {text[:30]} is out of range (|x| <= {MAX_NUMBER:g})")
+    return value
+
+
+def _constant(text: str) -> float:
+    raise ValueError(f"{text} is not a number a bundle may hold")
+
+
+def _unstorable(value: Any) -> str | None:
+    """Nesting deeper than MAX_DEPTH or a NUL in a string or key (no store holds one)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                return f"it nests deeper than {MAX_DEPTH} levels"
+            if isinstance(item, dict):
+                if any("\x00" in k for k in item):
+                    return "a key holds a NUL character"
+                stack.extend((v, depth + 1) for v in item.values())
+            else:
+                stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str) and "\x00" in item:
+            return "a text holds a NUL character"
+    return None
+
+
 def import_study(session: Session, bundle: dict[str, Any], team: str | None = None) -> Imported:
-    """Write a bundle's study and runs into this store (see the module docstring)."""
+    """Write a bundle's study and runs into this store (see the module docstring), owned by
+    ``team`` (the operator's choice; default the operator's team, never the bundle's). The
+    study file and every run config pass the checks of a direct launch as that team."""
     try:
         head = bundle["study"]
         cfg = StudyConfig.model_validate(head["spec"])
         runs = list(bundle["runs"])
+        created_at = _time(head.get("created_at"))
     except (KeyError, TypeError, ValidationError, ValueError) as e:
         raise BundleError(f"the bundle's study is not valid: {_first_line(e)}") from None
+    team = team or OPERATOR_TEAM
+    if len(team) > 100 or not team.isprintable() or not team.strip():
+        raise BundleError("the team must be 1 to 100 printable characters")
+    _check_launch(session, cfg, runs, team)
     _check_warm_starts(cfg, bundle.get("warm_starts") or [])
-    team = team or str(head.get("team") or "default")
     study = service.find_study(session, cfg.name, team)
     created = study is None
     if study is None:
         study = service.create_study(session, cfg, team)
-        study.created_at = _time(head.get("created_at")) or study.created_at
+        study.created_at = created_at or study.created_at
     elif study.status in service.ACTIVE:
         raise BundleError(
             f"study {study.id} ({study.name!r}) is {study.status} here: stop it before importing "
@@ -253,7 +325,7 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
                 continue
             out.added.append(_add_run(session, study, entry))
             taken.add(key)
-        except (KeyError, TypeError, ValueError, StatementError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError, StatementError) as e:
             where = entry.get("id", "?") if isinstance(entry, dict) else "?"
             raise BundleError(f"run {where} of the bundle: {_first_line(e)}") from None
     p = service.plan(session, study)
@@ -263,6 +335,33 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
     study.status = "cancelled" if out.waiting else ("done" if p.done else "failed")
     study.updated_at = utcnow()
     return out
+
+
+def _check_launch(session: Session, cfg: StudyConfig, runs: list[Any], team: str) -> None:
+    """The study's cells and the bundle's run configs pass what a direct launch by ``team``
+    passes (its corrector and key variable, model, checkpoint, games): a bundle cannot carry
+    another team's checkpoint or corrector in, nor a path outside the allowed roots."""
+    from services.controller.launch import Invalid
+    from services.controller.launch_checks import check_launch
+    from shared.schemas import RunConfig
+
+    seen: set[str] = set()
+    configs = [(c.describe(), cfg.run_config(c)) for c in cfg.cells()]
+    for entry in runs:
+        where = f"run {entry.get('id', '?')}" if isinstance(entry, dict) else "a run"
+        try:
+            configs.append((where, RunConfig.model_validate(entry["config"])))
+        except (KeyError, TypeError, ValidationError) as e:
+            raise BundleError(f"{where} of the bundle: config: {_first_line(e)}") from None
+    for where, run_cfg in configs:
+        key = run_cfg.model_dump_json(exclude={"name", "seed"})
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_launch(session, run_cfg, team)
+        except Invalid as e:
+            raise BundleError(f"{where}: {'.'.join(e.loc)}: {e.msg}") from None
 
 
 def _carried(cfg: StudyConfig, warm: list[Any]) -> list[tuple[Cell, dict[str, Any] | None]]:
@@ -299,6 +398,11 @@ def _check_warm_starts(cfg: StudyConfig, warm: list[Any]) -> None:
                 raise BundleError(
                     f"the warm start of {_seed_text(cell)} in the bundle: {e}"
                 ) from None
+            except (OSError, ValueError) as e:  # a name both a file and a folder, too long...
+                raise BundleError(
+                    f"the warm start of {_seed_text(cell)} in the bundle has a file it cannot "
+                    f"hold ({type(e).__name__}: {e.strerror if isinstance(e, OSError) else e})"
+                ) from None
 
 
 def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int) -> list[str]:
@@ -333,7 +437,7 @@ def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int)
             continue
         try:
             key = install_entry(cfg.run_config(cell), packed)
-        except CarryRefused as e:
+        except (CarryRefused, OSError) as e:
             lines.append(f"warning: {what} was not installed, {e}: {_REBUILT}")
             continue
         lines.append(f"{what} is in this cache ({key[:12]}): its seed's next runs reuse it")
@@ -362,6 +466,15 @@ def _seed_text(cell: Cell) -> str:
 def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:
     if entry["status"] not in FINISHED:
         raise ValueError(f"status {entry['status']!r} is not a finished run's")
+    for f, least, most in (("name", 1, 200), ("study_task", 1, 100), ("study_arm", 1, 100)):
+        text = entry[f]
+        if not isinstance(text, str) or not least <= len(text) <= most or not text.isprintable():
+            raise ValueError(f"{f} must be {least} to {most} printable characters")
+    variant = entry["study_variant"]
+    if variant is not None and (
+        not isinstance(variant, str) or len(variant) > 100 or not variant.isprintable()
+    ):
+        raise ValueError("study_variant must be up to 100 printable characters")
     info = dict(entry.get("info") or {})
     info["imported"] = {"from_run": entry["id"]}
     info["training_deals"] = [str(d) for d in entry.get("training_deals") or []]
@@ -391,7 +504,12 @@ def _iso(t: datetime | None) -> str | None:
 
 
 def _time(text: Any) -> datetime | None:
-    return None if text is None else datetime.fromisoformat(str(text))
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(str(text)[:64])
+    except ValueError:
+        raise ValueError(f"{str(text)[:40]!r} is not an ISO 8601 time") from None
 
 
 def _first_line(e: Exception) -> str:

@@ -305,16 +305,29 @@ def study_export(study_id: int, out: Path, warm_starts: bool) -> None:
 
 @study.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--team", default=None, help="The team to own it (default: the bundle's).")
-def study_import(file: Path, team: str | None) -> None:
+@click.option(
+    "--team",
+    default=None,
+    help="The team to own it (default: the operator's team 'default'; never the bundle's).",
+)
+@click.option(
+    "--max-mib",
+    type=click.IntRange(1, 4096),
+    default=128,
+    show_default=True,
+    help="Refuse a bundle whose JSON inflates to more than this many MiB.",
+)
+def study_import(file: Path, team: str | None, max_mib: int) -> None:
     """Add a bundle's study and runs to this store (cells that have a run here are skipped) and
-    its warm starts to this machine's cache."""
+    its warm starts to this machine's cache. The study file and run configs pass the checks of
+    a direct launch by the team; numbers out of range, nesting deeper than 32 and NUL characters
+    refuse the bundle, which then writes nothing."""
     from services.study.bundle import BundleError, import_study, install_warm_starts, read_bundle
     from shared.db.session import session_scope
 
     _local_schema()
     try:
-        bundle = read_bundle(file)
+        bundle = read_bundle(file, max_mib * 2**20)
         with session_scope() as s:
             got = import_study(s, bundle, team)
     except BundleError as e:

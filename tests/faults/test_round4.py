@@ -5,9 +5,14 @@ CSV prefixes, strict types on the corrector `/test`, and nested routes naming an
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,10 +22,13 @@ from sqlalchemy import func, select
 from services.api.app import create_app
 from services.api.auth import create_token
 from services.corrector.tasks import correct as correct_task
+from services.study.bundle import BundleError, import_study, read_bundle
+from services.study.schemas import StudyConfig
 from shared.db import models
 from shared.db.session import session_scope
 from tests.conftest import live_server
 from tests.services.corrector.helpers import make_step
+from tests.services.study.tiny_study import gtr_cli
 
 TEAMS = [
     ("alpha", "write", "alpha"),
@@ -160,3 +168,200 @@ def test_an_inline_corrector_cannot_name_another_teams_key(
         assert row is not None and row.error is not None
         assert "is not a key of team 'beta'" in row.error, row.error
     assert capture.hits == []  # zero requests reached beta's server: alpha's key never left
+
+
+# ---- 3: a study bundle turned against the store ------------------------------------------------
+
+
+def _spec(task: str = "numberline", **base: Any) -> dict[str, Any]:
+    return StudyConfig.model_validate(
+        {
+            "name": "round4 import",
+            "tasks": {task: {"base": {"task": task, **base}}},
+            "arms": {"gtr": {"algorithm": "gtr"}},
+            "seeds": [0, 1],
+        }
+    ).model_dump(mode="json")
+
+
+def _entry(spec: dict[str, Any], seed: int = 0, status: str = "completed") -> dict[str, Any]:
+    """A finished run as `gtr study export` writes it."""
+    cfg = StudyConfig.model_validate(spec)
+    cell = next(c for c in cfg.cells() if c.seed == seed)
+    config = cfg.run_config(cell).model_dump(mode="json")
+    return {
+        "id": 7000 + seed, "name": config["name"], "task": cell.task, "algorithm": "gtr",
+        "status": status, "config": config, "error": None, "env_steps": 8,
+        "total_env_steps": 8, "num_updates": 1, "updates_done": 1, "alarm": None,
+        "study_task": cell.task, "study_arm": cell.arm, "study_seed": seed,
+        "study_variant": cell.variant, "study_attempt": 1,
+        "created_at": "2026-12-01T10:00:00+00:00", "started_at": None, "finished_at": None,
+        "info": {}, "training_deals": [],
+        "updates": [{"idx": 0, "metrics": {"eval/success_rate": 0.5}, "alarm": False}],
+        "eval_outcomes": [],
+    }  # fmt: skip
+
+
+def _bundle(spec: dict[str, Any], runs: list[dict[str, Any]], **study: Any) -> dict[str, Any]:
+    return {
+        "format": "gtr-study-bundle",
+        "version": 1,
+        "study": {"name": spec["name"], "team": "alpha", "spec": spec, **study},
+        "runs": runs,
+        "warm_starts": [],
+    }
+
+
+def _write(path: Path, data: dict[str, Any] | str) -> Path:
+    text = data if isinstance(data, str) else json.dumps(data)
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    return path
+
+
+def _studies(name: str = "round4 import") -> list[tuple[str, int]]:
+    """(team, runs) of every study of this name in the store."""
+    with session_scope() as s:
+        rows = s.scalars(select(models.Study).where(models.Study.name == name)).all()
+        count = func.count(models.Run.id)
+        return sorted(
+            (r.team, s.scalar(select(count).where(models.Run.study_id == r.id)) or 0) for r in rows
+        )
+
+
+def _import(path: Path, team: str | None) -> int:
+    """What `gtr study import` does with the file, in this process (the CLI prints a
+    BundleError as its one line: test_hostile_study_bundles_are_one_line_and_write_nothing)."""
+    with session_scope() as s:
+        return import_study(s, read_bundle(path), team).study_id
+
+
+def test_a_study_bundle_that_inflates_past_the_cap_is_refused_while_inflating(
+    tmp_path: Path,
+) -> None:
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb") as f:  # 200 KB that inflates to 200 MB
+        f.write(b'{"format": "gtr-study-bundle", "pad": "')
+        for _ in range(200):
+            f.write(b" " * 2**20)
+        f.write(b'"}')
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError, match="more than 16 MiB of JSON"):
+            read_bundle(bomb, 16 * 2**20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 2**20, peak  # refused after the cap, not after the whole file
+    many = _write(tmp_path / "many.json.gz", "[" + "{}," * 4_500_000 + "{}]")  # 13 MB of {}
+    with pytest.raises(BundleError, match="more than 4,000,000 JSON values"):
+        read_bundle(many)
+
+
+def _hostile_bundles(tmp_path: Path) -> dict[str, tuple[dict[str, Any] | str, str]]:
+    spec = _spec()
+    good = _entry(spec)
+    warm = {"task": "numberline", "arm": "gtr", "seed": 1, "variant": ""}
+    clash = {"files": {"a": "AA==", "a/b": "AA=="}, "weights_sha256": "0" * 64, "inputs": {}}
+    deep = json.dumps(_bundle(spec, [good])).replace(
+        '"info": {}', '"info": ' + "[" * 5000 + "]" * 5000
+    )
+    return {
+        "deep nesting": (deep, "nests deeper than 32 levels"),
+        "a little nesting": (
+            json.dumps(_bundle(spec, [good])).replace(
+                '"info": {}', '"info": ' + "[" * 40 + "]" * 40
+            ),
+            "nests deeper than 32 levels",
+        ),
+        "idx 1e400": (
+            json.dumps(_bundle(spec, [good])).replace('"idx": 0', '"idx": 1e400'),
+            "the number 1e400 is out of range",
+        ),
+        "score 1e308": (
+            json.dumps(_bundle(spec, [good])).replace("0.5", "1e308"),
+            "the number 1e308 is out of range",
+        ),
+        "score -1e308": (
+            json.dumps(_bundle(spec, [good])).replace("0.5", "-1e308"),
+            "out of range",
+        ),
+        "NaN": (json.dumps(_bundle(spec, [good])).replace("0.5", "NaN"), "NaN is not a number"),
+        "bad created_at": (_bundle(spec, [], created_at="yesterday"), "is not an ISO 8601 time"),
+        "bad run created_at": (
+            _bundle(spec, [{**good, "created_at": "32/13/2026"}]),
+            "is not an ISO 8601 time",
+        ),
+        "NUL in a name": (
+            _bundle({**spec, "name": "round4\u0000import"}, []),
+            "a text holds a NUL character",
+        ),
+        "over-long run name": (
+            _bundle(spec, [{**good, "name": "n" * 5000}]),
+            "name must be 1 to 200 printable characters",
+        ),
+        "file and folder": (
+            {**_bundle(spec, [good]), "warm_starts": [{"cell": warm, "entry": clash}]},
+            "has a file it cannot hold",
+        ),
+    }
+
+
+def test_hostile_study_bundles_are_one_line_and_write_nothing(pg_url: str, tmp_path: Path) -> None:
+    before = _count(models.Study), _count(models.Run)
+    for case, (data, says) in _hostile_bundles(tmp_path).items():
+        path = _write(tmp_path / "hostile.json.gz", data)
+        with pytest.raises(BundleError, match=re.escape(says)):
+            _import(path, "beta")
+        assert (_count(models.Study), _count(models.Run)) == before, case
+    # The command prints the reason as one line, never a traceback.
+    path = _write(tmp_path / "deep.json.gz", _hostile_bundles(tmp_path)["deep nesting"][0])
+    got = gtr_cli("study", "import", str(path))
+    assert got.returncode == 1 and "nests deeper than 32 levels" in got.stderr, got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1, got.stderr
+    assert (_count(models.Study), _count(models.Run)) == before
+
+
+def test_the_operator_names_the_team_never_the_bundle(pg_url: str, tmp_path: Path) -> None:
+    spec = {**_spec(), "name": "round4 forged"}
+    _import(_write(tmp_path / "a.json.gz", _bundle(spec, [_entry(spec, 0)])), "alpha")
+    # A forged bundle naming alpha (and alpha's study) adds its scores to the operator's team.
+    forged = _entry(spec, 1)
+    forged["updates"][0]["metrics"]["eval/success_rate"] = 1.0
+    _import(_write(tmp_path / "f.json.gz", _bundle(spec, [forged])), None)
+    assert _studies("round4 forged") == [("alpha", 1), ("default", 1)]
+
+
+def test_imported_specs_and_runs_pass_the_launch_checks(api: dict, tmp_path: Path) -> None:
+    """As beta: alpha's private corrector and a model path outside the roots are refused at
+    import; a config that passed at import is checked again when resumed through the API (here
+    its games folder is gone since: absent and not allowed are one answer)."""
+    made = _call(
+        api, "POST", "/api/correctors", "alpha-admin", json={"name": "alpha-only", "kind": "oracle"}
+    )
+    assert made.status_code == 201, made.text
+    before = _count(models.Study)
+    for base, says in [
+        ({"corrector": {"name": "alpha-only"}}, "corrector.name: no corrector named"),
+        ({"model": {"path": "/etc"}}, "model.path"),
+    ]:
+        spec = _spec(**base)
+        path = _write(tmp_path / "x.json.gz", _bundle(spec, [_entry(spec, 0, "failed")]))
+        with pytest.raises(BundleError, match=re.escape(says)):
+            _import(path, "beta")
+    assert _count(models.Study) == before
+    games = tmp_path / "games"
+    games.mkdir()
+    spec = {**_spec("alfworld", env={"options": {"games": str(games)}}), "name": "round4 games"}
+    study_id = _import(
+        _write(tmp_path / "g.json.gz", _bundle(spec, [_entry(spec, 0, "failed")])), "beta"
+    )
+    games.rmdir()
+    with session_scope() as s:
+        (run_id,) = s.scalars(select(models.Run.id).where(models.Run.study_id == study_id)).all()
+    r = _call(api, "POST", f"/api/studies/{study_id}/resume", "beta")
+    _refused_422(r, ["arms", "gtr", "env", "options", "games"])
+    r = _call(api, "POST", f"/api/runs/{run_id}/resume", "beta")
+    _refused_422(r, ["env", "options", "games"])
+    with session_scope() as s:
+        runs = s.scalars(select(models.Run).where(models.Run.study_id == study_id)).all()
+        assert [r.status for r in runs] == ["failed"]  # nothing queued

@@ -133,6 +133,11 @@ def cancel_study(study_id: StudyId, db: Db, token: Writer) -> StudyOut:
 def resume_study(study_id: StudyId, db: Db, token: Writer) -> StudyOut:
     """Continue a cancelled study; a finished run is never rerun."""
     study = _get(db, token, study_id)
+    # An imported study's file and runs were never launched here: they pass the launch checks
+    # now, as the study's team, before anything is queued.
+    _check_cells(db, service.config_of(study), study.team)
+    for run in service.plan(db, study).cancelled:
+        runs.recheck(db, run.config, study.team)
     try:
         service.resume_study(db, study)
     except service.StudyConflict as e:

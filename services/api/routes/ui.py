@@ -342,7 +342,7 @@ def resume(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     try:
         service.resume_run(db, me, run_id)
         db.commit()
-    except service.Conflict as e:
+    except (service.Conflict, service.Invalid) as e:
         return back_to_run(run_id, str(e))
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")

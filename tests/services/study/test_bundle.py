@@ -106,7 +106,8 @@ def bundle(real_study: TinyStudy, pg_url: str, tmp_path_factory: pytest.TempPath
 def test_an_imported_study_reads_the_same_report_in_another_store(
     real_study: TinyStudy, bundle: Path, tmp_path: Path
 ) -> None:
-    got = gtr_cli("study", "import", str(bundle), env=_embedded(tmp_path))
+    team = ("--team", real_study.team)  # the operator names it (default: "default")
+    got = gtr_cli("study", "import", str(bundle), *team, env=_embedded(tmp_path))
     assert got.returncode == 0, got.stderr
     assert "study 1 (new): 4 runs imported, 0 already here; 0 cells have no finished run" in (
         got.stdout
@@ -145,7 +146,7 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
     assert HOSTILE_ARM in {a.arm for a in group.primary.arms}  # names carried as text
     # The same bundle again adds nothing.
     before = _sizes(sqlite)
-    again = gtr_cli("study", "import", str(bundle), env=_embedded(tmp_path))
+    again = gtr_cli("study", "import", str(bundle), *team, env=_embedded(tmp_path))
     assert again.returncode == 0, again.stderr
     assert "study 1 (existing): 0 runs imported, 4 already here" in again.stdout
     assert _sizes(sqlite) == before
@@ -156,18 +157,18 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
     assert (
         gtr_cli("study", "export", "1", "--out", str(back), env=_embedded(tmp_path)).returncode == 0
     )
-    team = f"{real_study.team}-returned"
-    home = gtr_cli("study", "import", str(back), "--team", team)
+    returned_team = f"{real_study.team}-returned"
+    home = gtr_cli("study", "import", str(back), "--team", returned_team)
     assert home.returncode == 0 and "(new): 4 runs imported" in home.stdout, home.stderr
     with session_scope() as s:
-        (study,) = s.scalars(select(Study).where(Study.team == team)).all()
+        (study,) = s.scalars(select(Study).where(Study.team == returned_team)).all()
         returned = build_report(s, study.id)
         hops = {
             r.id: ids[r.info["imported"]["from_run"]]
             for r in s.scalars(select(Run).where(Run.study_id == study.id))
         }
-    assert returned.team == team
-    assert _comparable(returned, hops) == _comparable(original) | {"team": team}
+    assert returned.team == returned_team
+    assert _comparable(returned, hops) == _comparable(original) | {"team": returned_team}
 
 
 def test_a_bundle_without_a_run_leaves_that_cell_to_train(bundle: Path, tmp_path: Path) -> None:
@@ -241,7 +242,8 @@ def test_the_imported_study_and_its_runs_are_pages_of_gtr_serve(
 ) -> None:
     """What a user browses after an import: the study page with its verdicts, and each run's
     page saying it came from a bundle, without its steps (hostile names stay text)."""
-    assert gtr_cli("study", "import", str(bundle), env=_embedded(tmp_path)).returncode == 0
+    team = ("--team", real_study.team)
+    assert gtr_cli("study", "import", str(bundle), *team, env=_embedded(tmp_path)).returncode == 0
     with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
         token = create_token(s, "browse", "read", real_study.team)[1]
         run_ids = s.scalars(select(Run.id)).all()
@@ -269,7 +271,8 @@ def test_a_seed_whose_arms_started_from_different_weights_is_flagged(
     run["info"]["init_weights_sha256"] = "0" * 64
     path = tmp_path / "split.json"
     path.write_text(json.dumps(data))
-    assert gtr_cli("study", "import", str(path), env=_embedded(tmp_path)).returncode == 0
+    team = ("--team", data["study"]["team"])
+    assert gtr_cli("study", "import", str(path), *team, env=_embedded(tmp_path)).returncode == 0
     with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
         (group,) = build_report(s, 1).groups
     assert group.split_starts == [run["study_seed"]]
@@ -301,7 +304,10 @@ def test_a_run_from_another_start_is_superseded_and_its_cell_trains_again(
     path = tmp_path / "split.json"
     path.write_text(json.dumps(data))
     env = _embedded(tmp_path)
-    assert gtr_cli("study", "import", str(path), env=env).returncode == 0
+    assert (
+        gtr_cli("study", "import", str(path), "--team", data["study"]["team"], env=env).returncode
+        == 0
+    )
     url = f"sqlite:///{tmp_path / 'gtr.sqlite3'}"
     cell = (odd["study_arm"], odd["study_seed"])
     with session_scope(url) as s:
