@@ -338,7 +338,29 @@ class CorrectorConfig(_Strict):
         ge=0,
         le=1,
         description="The run ends 'degraded' (and `gtr train` exits non-zero) when more than "
-        "this share of its requested corrections failed or were skipped; 1 = never",
+        "this share of its requested corrections failed (transport, malformed, refused, "
+        "budget; not skipped or late); 1 = never",
+    )
+    min_coverage: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Least share of the run's requested corrections done before an update "
+        "trains: below it the rollout waits (up to wait_timeout_s); a run ending below is degraded",
+    )
+    max_lag_updates: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Most updates a correction may trail its step: an update waits (up to "
+        "wait_timeout_s) for older ones still missing; 0 = each update's own; None = no bound",
+    )
+    drain_s: float = Field(
+        120.0,
+        ge=0,
+        le=3600,
+        description="At the run's end, longest wait for corrections still queued or in flight; "
+        "the rest are recorded 'late' (they could teach no update), not failed",
     )
     max_calls: int | None = Field(
         None, ge=0, le=10_000_000, description="Per-run budget of corrector calls"

@@ -275,43 +275,44 @@ class CorrectionSweep:
         self.from_update = min((r.update_idx for r in rows if r.id not in gone), default=update_idx)
         return len(again)
 
-    def finish(self) -> int:
-        """At the run's end, when training is over: the corrections never sent are recorded
-        skipped at once (they can only come after everything they could have taught), the
-        run waits up to ``timeout_s`` for those in flight, sends the lost ones (not queued or
-        in flight here, not sent again yet) once more and waits again, then records the rest
-        failed. Returns how many were recorded failed or skipped."""
+    def finish(self, drain_s: float | None = None) -> int:
+        """At the run's end, when training is over: the backlog drains (the pool or the Celery
+        workers go on sending it) for up to ``drain_s`` (default: the sweep's timeout). Halfway,
+        the missing ones neither queued nor in flight here (a lost task; a Celery task's state
+        is the broker's) are sent again, once. Corrections not in by the deadline are recorded
+        ``late`` (they could teach no update), not failed. Returns how many were recorded."""
+        drain_s = self.timeout_s if drain_s is None else drain_s
         ids = [r.id for r in self._unsettled()]
-        never = sorted(backlog_of(self.corrections, ids))
-        n = 0
-        if never:
-            why = "skipped: backlog: never sent before the run ended (the corrector answers "
-            why += "slower than the rollout made steps)"
-            n = record_missing_as_failed(self.run_id, never, self.corrector, 0, set(never), why)
-            log.warning("run %s: %s corrections never sent: recorded skipped", self.run_id, n)
-        rest = [i for i in ids if i not in set(never)]
-        flying = in_flight_of(self.corrections, rest)
-        # The embedded pool knows what is in flight: nothing there, nothing to wait for.
-        if rest and (flying or not hasattr(self.corrections, "in_flight")):
-            log.warning(
-                "run %s: waiting up to %g s for %s corrections in flight",
-                self.run_id,
-                self.timeout_s,
-                len(flying or rest),
-            )
-            if not wait_for_corrections(self.run_id, rest, self.timeout_s):
-                return n
-        missing = missing_corrections(self.run_id, rest)
-        again = [i for i in missing if i not in self.resent]
-        if again and set(again) - in_flight_of(self.corrections, again):
+        if not ids:
+            return 0
+        deadline = time.monotonic() + drain_s
+        log.warning(
+            "run %s: draining %s corrections (up to corrector.drain_s = %g s)",
+            self.run_id,
+            len(ids),
+            drain_s,
+        )
+        if not wait_for_corrections(self.run_id, ids, drain_s / 2):
+            return 0
+        missing = missing_corrections(self.run_id, ids)
+        here = backlog_of(self.corrections, missing) | in_flight_of(self.corrections, missing)
+        again = [i for i in missing if i not in self.resent and i not in here]
+        if again:
             resend_missing(self.corrections, self.run_id, again, "at the end")
             self.resent.update((i, time.monotonic()) for i in again)
-            if not wait_for_corrections(self.run_id, missing, self.timeout_s):
-                return n
-        backlog = backlog_of(self.corrections, missing)
-        return n + record_missing_as_failed(
-            self.run_id, missing, self.corrector, 2 * self.timeout_s, backlog
+        if not wait_for_corrections(self.run_id, missing, max(deadline - time.monotonic(), 0)):
+            return 0
+        missing = missing_corrections(self.run_id, missing)
+        why = f"late: not in within corrector.drain_s = {drain_s:g} s of the run's end "
+        why += "(it could teach no update)"
+        n = record_missing_as_failed(
+            self.run_id, missing, self.corrector, drain_s, set(missing), why
         )
+        log.warning("run %s: %s corrections recorded late", self.run_id, n)
+        return n
+
+
+MAX_THREADS = 512  # the embedded pool's most threads, whatever the corrector's limit
 
 
 class ThreadCorrections:
@@ -346,6 +347,10 @@ class ThreadCorrections:
                 errors=errors,
             )
         self.name = corrector_name
+        # A thread per request the endpoint may have in flight: a thread that waits on a
+        # 30 s answer costs nothing, and fewer threads than the limit would cap it.
+        limit = getattr(getattr(self.corrector, "limit", None), "max_limit", 0)
+        workers = max(workers, min(int(limit or 0), MAX_THREADS))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="corrector")
         self._queued: set[int] = set()  # submitted, not sent yet: the backlog
         self._running: set[int] = set()  # sent, not answered

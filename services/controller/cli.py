@@ -99,7 +99,10 @@ def controller_command(each_poll: Callable[[Session], object] | None = None) -> 
 @click.command()
 @click.argument("role", type=click.Choice(["corrector", "trainer"]))
 @click.option(
-    "--concurrency", type=click.IntRange(1, 256), help="Corrector: parallel calls (threads)."
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    help="Corrector: threads, each one call in flight (default 64); the run's in-flight "
+    "corrections are replicas x min(this, the corrector's params.concurrency).",
 )
 def worker(role: str, concurrency: int | None) -> None:
     """Run a Celery worker: 'corrector' (I/O-bound, threads) or 'trainer' (one update at a time)."""
@@ -110,7 +113,7 @@ def worker(role: str, concurrency: int | None) -> None:
             "a worker needs Redis: set GTR_REDIS_URL (e.g. redis://127.0.0.1:6379/0)"
         )
     pool = (
-        ["--pool", "threads", "--concurrency", str(concurrency or 8)]
+        ["--pool", "threads", "--concurrency", str(concurrency or 64)]
         if role == "corrector"
         else ["--pool", "solo"]
     )
@@ -296,8 +299,21 @@ def update_line(r: dict[str, Any], u: dict[str, Any]) -> str:
         f"  success {success_cell(m)}"
         f"  corrected {m.get('corrected_rate', nan):.2f}"
         f"{'' if ev is None else f'  eval {ev:.2f}'}"
+        f"{coverage_cell(m)}"
         f"{'  ALARM: ' + str(m.get('alarm_reason', '')) if u['alarm'] else ''}"
     )
+
+
+def coverage_cell(m: dict[str, Any]) -> str:
+    """``  corrections 120 of 128 (94%), lag 0.4`` for a run that asked for corrections."""
+    if not m.get("corrections"):
+        return ""
+    text = f"  corrections {int(m.get('corrections_done', 0))} of {int(m['corrections'])}"
+    if "corrections_coverage" in m:
+        text += f" ({m['corrections_coverage']:.0%})"
+    if "corrections_lag" in m:
+        text += f", lag {m['corrections_lag']:.1f}"
+    return text
 
 
 @run.command("watch")

@@ -163,6 +163,8 @@ SUMMARY_KEYS = (
     "corrections_done",
     "corrections_failed",
     "corrections_skipped",
+    "corrections_coverage",
+    "corrections_lag",
     "probe_relevance",
     "probe_top_thought_share",
     "state_relevance",

@@ -10,15 +10,30 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.db.models import Correction, CorrectorSpend, Update
+from shared.db.models import Correction, CorrectorSpend, Run, Step, Update
 from shared.schemas import RunConfig
 
+# The run's totals kept on its record (``runs.info["corrections"]``) when it ends.
+RECORDED = (
+    "corrections",
+    "corrections_done",
+    "corrections_failed",
+    "corrections_skipped",
+    "corrections_late",
+    "corrections_coverage",
+    "corrections_in_time",
+    "corrections_lag",
+    "corrections_lag_max",
+    "corrections_unused",
+    "corrector_calls",
+)
 PREFIX = "corrections"  # every key written here starts with it, or with "corrector_"
 ALARM_SHARE = 0.5  # failed + skipped above this share of an update's finished corrections
 ACCURACY = "corrector/accuracy"  # share of answers the exact judge agrees with (issue 40)
@@ -30,24 +45,72 @@ def failure_kind(error: str | None) -> str:
     return head if head.isidentifier() else "error"
 
 
-def figures(rows: list[Any]) -> dict[str, float]:
-    """Figures of some corrections; each row has status, verdict, latency_ms, tokens, error."""
+# Not failures: the corrector was not too broken but too slow for the run (skipped), or the run
+# ended before the answer could teach any update (late). Coverage counts them, the verdict not.
+NOT_FAILURES = ("skipped", "late")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When each update's rollout went to the trainer (``updates.created_at``, by index) and
+    how many updates the run plans: what a correction's arrival is measured against."""
+
+    trained: dict[int, datetime]
+    num_updates: int | None = None
+
+    def lag(self, update_idx: int, finished_at: datetime | None) -> int | None:
+        """Updates trained between a step's rollout and its correction's arrival: 0 = in time
+        for its own update; k = first trained on (DAgger buffer) by update ``update_idx + k``."""
+        if finished_at is None:
+            return None
+        at = _naive(finished_at)
+        return sum(1 for j, t in self.trained.items() if j >= update_idx and _naive(t) < at)
+
+
+def _naive(t: datetime) -> datetime:
+    return t.replace(tzinfo=None) if t.tzinfo is None else t.astimezone(UTC).replace(tzinfo=None)
+
+
+def figures(
+    rows: list[Any], timeline: Timeline | None = None, requested: int | None = None
+) -> dict[str, float]:
+    """Figures of some corrections; each row has status, verdict, latency_ms, tokens, error
+    (and update_idx, finished_at for the lag). ``requested``: the well-formed steps queued for
+    correction (a row is written only when its correction ends: the others are pending).
+    Coverage: the share of the requested ones done; lag: ``Timeline.lag``."""
+    asked = max(len(rows), requested or 0)
     done = [r for r in rows if r.status == "done"]
     failed = [r for r in rows if r.status == "failed"]
     kinds = Counter(failure_kind(r.error) for r in failed)
-    skipped = kinds.pop("skipped", 0)
+    spared = {k: kinds.pop(k, 0) for k in NOT_FAILURES}
+    real = len(failed) - sum(spared.values())
     out: dict[str, float] = {
-        "corrections": float(len(rows)),
+        "corrections": float(asked),
         "corrections_done": float(len(done)),
-        "corrections_failed": float(len(failed) - skipped),
-        "corrections_skipped": float(skipped),
-        "corrections_pending": float(len(rows) - len(done) - len(failed)),
+        "corrections_failed": float(real),
+        "corrections_skipped": float(spared["skipped"]),
+        "corrections_late": float(spared["late"]),
+        "corrections_pending": float(asked - len(done) - len(failed)),
     }
     out.update({f"corrections_failed/{k}": float(n) for k, n in sorted(kinds.items())})
+    if asked:
+        out["corrections_coverage"] = len(done) / asked
+    if timeline is not None and done:
+        lags = [timeline.lag(r.update_idx, getattr(r, "finished_at", None)) for r in done]
+        known = [x for x in lags if x is not None]
+        if known:
+            out["corrections_lag"] = sum(known) / len(known)
+            out["corrections_lag_max"] = float(max(known))
+            # The share of the requested corrections its own update trained with.
+            out["corrections_in_time"] = sum(x == 0 for x in known) / asked
+            n = timeline.num_updates
+            if n is not None:  # arrived after the run's last update trained: taught nothing
+                unused = sum(r.update_idx + x >= n for r, x in zip(done, lags, strict=True) if x)
+                out["corrections_unused"] = float(unused)
     finished = len(done) + len(failed)
     if finished:
-        out["corrections_failed_rate"] = len(failed) / finished
-        out["corrections_alarm"] = float(len(failed) / finished > ALARM_SHARE)
+        out["corrections_failed_rate"] = real / finished
+        out["corrections_alarm"] = float(real / finished > ALARM_SHARE)
     if done:
         out["corrected_rate"] = sum(r.verdict == "incorrect" for r in done) / len(done)
         lat = [r.latency_ms for r in done if r.latency_ms is not None]
@@ -59,6 +122,22 @@ def figures(rows: list[Any]) -> dict[str, float]:
             out[ACCURACY] = sum(judged) / len(judged)
     out["corrector_tokens"] = float(sum(r.tokens or 0 for r in rows))
     return out
+
+
+def requested(s: Session, run_id: int, update_idx: int | None = None) -> int:
+    """The run's (or one update's) well-formed steps: each was queued for correction."""
+    where = [Step.run_id == run_id, Step.format_valid.is_(True)]
+    if update_idx is not None:
+        where.append(Step.update_idx == update_idx)
+    return int(s.scalar(select(func.count()).select_from(Step).where(*where)) or 0)
+
+
+def timeline(s: Session, run_id: int) -> Timeline:
+    rows = s.execute(select(Update.idx, Update.created_at).where(Update.run_id == run_id))
+    trained = {int(i): t for i, t in rows}
+    run = s.get(Run, run_id)
+    n = ((run.config or {}).get("train") or {}).get("num_updates") if run is not None else None
+    return Timeline(trained, int(n) if isinstance(n, int) else None)
 
 
 def _accurate(row: Any) -> bool | None:
@@ -75,13 +154,17 @@ def _rows(s: Session, run_id: int, *where: Any) -> list[Any]:
         Correction.verdict,
         Correction.latency_ms,
         Correction.tokens,
+        Correction.finished_at,
         func.substr(Correction.error, 1, 40).label("error"),
     )
     return list(s.execute(select(*cols).where(Correction.run_id == run_id, *where)))
 
 
-def update_figures(s: Session, run_id: int, update_idx: int) -> dict[str, float]:
-    return figures(_rows(s, run_id, Correction.update_idx == update_idx))
+def update_figures(
+    s: Session, run_id: int, update_idx: int, line: Timeline | None = None
+) -> dict[str, float]:
+    rows = _rows(s, run_id, Correction.update_idx == update_idx)
+    return figures(rows, line or timeline(s, run_id), requested(s, run_id, update_idx))
 
 
 def refresh_late(s: Session, run_id: int, since: datetime | None, before: int | None) -> int:
@@ -96,8 +179,9 @@ def refresh_late(s: Session, run_id: int, since: datetime | None, before: int | 
     if not idxs:
         return 0
     rows = s.scalars(select(Update).where(Update.run_id == run_id, Update.idx.in_(idxs))).all()
+    line = timeline(s, run_id)
     for row in rows:
-        fresh = update_figures(s, run_id, row.idx)
+        fresh = update_figures(s, run_id, row.idx, line)
         kept = {k: v for k, v in row.metrics.items() if not k.startswith(PREFIX)}
         row.metrics = {**kept, **fresh}  # a new dict: the JSON column sees the change
     return len(rows)
@@ -106,7 +190,7 @@ def refresh_late(s: Session, run_id: int, since: datetime | None, before: int | 
 def run_totals(s: Session, run_id: int) -> dict[str, float]:
     """The whole run's figures, and the calls its corrector was sent (retries and duplicate
     deliveries included: ``corrector_calls`` above ``corrections`` is what they cost)."""
-    out = figures(_rows(s, run_id))
+    out = figures(_rows(s, run_id), timeline(s, run_id), requested(s, run_id))
     calls = s.scalar(
         select(func.coalesce(func.sum(CorrectorSpend.calls), 0)).where(
             CorrectorSpend.run_id == run_id
@@ -116,7 +200,9 @@ def run_totals(s: Session, run_id: int) -> dict[str, float]:
     return out
 
 
-def failure_reasons(s: Session, run_id: int, most: int = 3) -> list[tuple[str, int]]:
+def failure_reasons(
+    s: Session, run_id: int, most: int = 3, real: bool = False
+) -> list[tuple[str, int]]:
     """The run's commonest failure reasons with their counts, details in brackets dropped
     (``malformed: answer is not JSON (Expecting value ...)`` -> ``malformed: answer is not
     JSON``), so that a few lines say why the corrections failed."""
@@ -126,6 +212,8 @@ def failure_reasons(s: Session, run_id: int, most: int = 3) -> list[tuple[str, i
         )
     )
     counts = Counter(_REASON_DETAIL.sub("", e or "").strip() or "error" for e in errors)
+    if real:  # the real failures only (not skipped, not late)
+        counts = Counter({k: n for k, n in counts.items() if failure_kind(k) not in NOT_FAILURES})
     return counts.most_common(most)
 
 
@@ -134,18 +222,26 @@ def reasons_text(reasons: list[tuple[str, int]]) -> str:
     return "; ".join(f"{why} ({n})" for why, n in reasons)
 
 
-def degraded_reason(s: Session, run_id: int, share: float) -> str | None:
+def degraded_reason(s: Session, run_id: int, share: float, min_coverage: float = 0.0) -> str | None:
     """Why a run that went to its end is ``degraded``: more than ``share`` of its requested
-    corrections failed or were skipped, so it did not train as GTR. None when it is not."""
+    corrections really failed (transport, malformed, refused, budget, lost: not the ones
+    skipped or too late to teach an update), or it ended below ``min_coverage``. None when not."""
     totals = run_totals(s, run_id)
     asked = totals["corrections"]
-    bad = totals["corrections_failed"] + totals["corrections_skipped"]
-    if not asked or bad / asked <= share:
-        return None
-    return (
-        f"degraded: {bad:.0f} of {asked:.0f} requested corrections failed or were skipped "
-        f"(over corrector.degraded_share = {share:g}): " + reasons_text(failure_reasons(s, run_id))
-    )
+    bad = totals["corrections_failed"]
+    if asked and bad / asked > share:
+        return (
+            f"degraded: {bad:.0f} of {asked:.0f} requested corrections failed "
+            f"(over corrector.degraded_share = {share:g}): "
+            + reasons_text(failure_reasons(s, run_id, real=True))
+        )
+    cov = totals.get("corrections_coverage", 1.0)
+    if asked and min_coverage and cov < min_coverage:
+        return (
+            f"degraded: {totals['corrections_done']:.0f} of {asked:.0f} requested corrections "
+            f"done ({cov:.0%}, under corrector.min_coverage = {min_coverage:g})"
+        )
+    return None
 
 
 def final_status(
@@ -155,7 +251,8 @@ def final_status(
     failed (``degraded_reason``) ends ``degraded``, with the reason as its error."""
     if status != "completed" or not cfg.uses_corrector:
         return status, error
-    why = degraded_reason(s, run_id, cfg.corrector.degraded_share)
+    c = cfg.corrector
+    why = degraded_reason(s, run_id, c.degraded_share, c.min_coverage)
     return ("degraded", why) if why else (status, error)
 
 
@@ -163,7 +260,8 @@ _REASON_DETAIL = re.compile(r"\s*\(.*$", re.DOTALL)  # the first bracket on: ins
 
 
 def describe(m: dict[str, Any]) -> str:
-    """``12 done, 30 failed (malformed 28, timeout 2), 5 skipped`` for a progress line."""
+    """``12 done, 30 failed (malformed 28, timeout 2), 5 skipped; coverage 25%, lag 0.4 (max
+    2)`` for a progress line."""
     if not m.get("corrections"):
         return "none yet"
     kinds = [
@@ -173,8 +271,21 @@ def describe(m: dict[str, Any]) -> str:
     ]
     text = f"{int(m.get('corrections_done', 0))} done, {int(m.get('corrections_failed', 0))} failed"
     text += f" ({', '.join(kinds)})" if kinds else ""
-    if m.get("corrections_skipped"):
-        text += f", {int(m['corrections_skipped'])} skipped"
-    if m.get("corrections_pending"):
-        text += f", {int(m['corrections_pending'])} pending"
+    for key in ("skipped", "late", "pending"):
+        if m.get(f"corrections_{key}"):
+            text += f", {int(m[f'corrections_{key}'])} {key}"
+    return text + coverage_text(m)
+
+
+def coverage_text(m: dict[str, Any]) -> str:
+    """``; coverage 96% (in time 80%), lag 0.3 (max 2)``: "" without corrections."""
+    if not m.get("corrections") or "corrections_coverage" not in m:
+        return ""
+    text = f"; coverage {m['corrections_coverage']:.0%}"
+    if "corrections_in_time" in m:
+        text += f" (in time {m['corrections_in_time']:.0%})"
+    if "corrections_lag" in m:
+        text += f", lag {m['corrections_lag']:.1f} (max {int(m.get('corrections_lag_max', 0))})"
+    if m.get("corrections_unused"):
+        text += f", {int(m['corrections_unused'])} after the last update"
     return text

@@ -183,6 +183,7 @@ class RunDriver:
             queued = [sid for sid, ok in zip(ro.step_ids, ro.format_valid, strict=True) if ok]
             set_phase(self.run_id, "corrections")
             self.book.settle(queued)
+        self.book.bound(u)  # bounded staleness: wait rather than train on uncorrected steps
         # The policy service may have restarted, silently, while we waited for corrections.
         if hasattr(self.policy, "ensure_loaded") and self.policy.ensure_loaded():
             log.warning("run %s: the policy service had lost the run's checkpoint", self.run_id)

@@ -31,12 +31,14 @@ from services.corrector.resilience import (
     AdaptiveLimit,
     Budget,
     CircuitBreaker,
+    RateLimit,
     Retryable,
     RetryPolicy,
     breaker_for,
     call_with_retries,
     limit_for,
     parse_retry_after,
+    rate_for,
 )
 from services.corrector.tools import FIND_ALL_TOOL, card_value, run_tool, solve_text
 from shared.schemas import Correction, CorrectionRequest
@@ -65,13 +67,24 @@ class RemoteParams(BaseModel):
         default=60.0, ge=0, le=3600, description="Longest Retry-After honoured"
     )
     concurrency: int = Field(
-        default=8, ge=1, le=1024, description="Most requests in flight at once, per process"
+        default=256,
+        ge=1,
+        le=1024,
+        description="Most requests in flight at once, per process (a hosted API takes hundreds)",
     )
     concurrency_start: int = Field(
-        default=1, ge=1, le=1024, description="Requests in flight at first; AIMD grows it"
+        default=4, ge=1, le=1024, description="Requests in flight at first; doubles per round trip"
     )
     adaptive: bool = Field(
-        default=True, description="AIMD: grow while latency holds, halve on timeout/429/503"
+        default=True,
+        description="Slow start to the rollout's need (Little's law), then AIMD: halve on "
+        "timeout/429/503, hold while latency rises",
+    )
+    rpm: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="Provider's requests per minute, if any"
+    )
+    tpm: int | None = Field(
+        default=None, ge=1, le=1_000_000_000, description="Provider's tokens per minute, if any"
     )
     vision: bool = Field(
         default=False, description="The model reads images: send them; False = text-only prompt"
@@ -118,16 +131,25 @@ class _Remote(ABC):
         self.limit: AdaptiveLimit = limit_for(
             self.base_url, p.concurrency, p.concurrency_start, p.adaptive
         )
+        self.rate: RateLimit | None = rate_for(self.base_url, p.rpm, p.tpm)
 
     @contextmanager
     def _timed(self, trace: CallTrace) -> Iterator[None]:
-        """One request; the endpoint's adaptive limit learns from how it ends."""
+        """One request, sent once a Retry-After is over and the RPM/TPM buckets allow it; the
+        endpoint's adaptive limit learns from how it ends."""
+        self.limit.wait_pause()
+        reserved = self.rate.wait() if self.rate is not None else 0.0
         start = time.perf_counter()
         try:
             yield
         except Retryable as e:
+            if e.retry_after:  # every caller of the endpoint waits, not only this one
+                self.limit.pause(min(e.retry_after, self.params.retry_after_max_s))
             self.limit.feedback(trace.slot, None, e.overload)
             raise
+        finally:
+            if self.rate is not None:
+                self.rate.spent(reserved, 0)  # the real count comes with _charge_tokens
         self.limit.feedback(trace.slot, time.perf_counter() - start, False)
 
     def correct(self, req: CorrectionRequest, trace: CallTrace | None = None) -> Correction:
@@ -167,6 +189,8 @@ class _Remote(ABC):
 
     def _charge_tokens(self, n: int, trace: CallTrace) -> None:
         trace.tokens += n
+        if self.rate is not None:
+            self.rate.spent(0, n)
         for spend in (trace.budget, self.budget):
             if spend is not None:
                 spend.add_tokens(n)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -174,31 +176,63 @@ def call_with_retries(
     raise CorrectorError("transport", f"gave up after {policy.max_retries + 1} attempts: {last}")
 
 
-class AdaptiveLimit:
-    """How many requests an endpoint gets at once, found by AIMD (TCP's congestion control):
-    start at `start`, add one after a window of `limit` calls whose latency held (below
-    `slow_factor` x the best seen), halve on an overload (timeout, 429, 503, refused connection).
+RATE_S = 30.0  # the arrival rate is measured over this many seconds
 
-    A server that answers one request at a time so settles at 1-2 in flight instead of timing
-    out a queue of 8; a fast pool grows to `max_limit`. `adaptive=False`: always `max_limit`."""
+
+class AdaptiveLimit:
+    """How many requests an endpoint gets at once. Starts at `start` and doubles after each
+    window of `limit` calls answered in time (TCP's slow start: ~log2(L) round trips to reach L
+    in flight) until the endpoint first pushes back: an overload (timeout, 429, 503, refused
+    connection) halves it, a latency above `slow_factor` x the best seen (requests queue at the
+    server) holds it; from then on AIMD adds one per window and halves per overload.
+
+    Little's law sizes what the run needs: arrivals per second x latency = requests in flight
+    (`needed`); slow start never doubles past it, so an endpoint is not offered more than the
+    rollout can use. A server that answers one request at a time so settles at 1-2 in flight
+    instead of timing out a queue; a hosted API grows to `max_limit` within a few round trips.
+    `adaptive=False`: always `max_limit`. Retry-After pauses every caller (`pause`)."""
 
     def __init__(
         self, max_limit: int, start: int = 1, adaptive: bool = True, slow_factor: float = 2.0
     ) -> None:
         self.max_limit, self.adaptive, self.slow_factor = max_limit, adaptive, slow_factor
         self.limit = min(max(start, 1), max_limit) if adaptive else max_limit
+        self.slow_start = adaptive  # doubling until the first push-back
         self.in_flight = 0
         self.best_s: float | None = None  # lowest latency seen: the unloaded server
+        self.latency_s: float | None = None  # smoothed latency (EWMA)
+        self._arrivals: deque[float] = deque()  # when the calls of the last RATE_S came
         self.peak_in_flight = 0  # the most requests ever in flight at once
         self.cuts = 0  # how often the limit was halved
+        self.paused_until = 0.0  # monotonic time before which nothing is sent (Retry-After)
         self._window = 0  # calls answered in time since the limit last changed
         self._issued = 0  # tickets handed out, in order
         self._cut_after = 0  # calls issued before the last cut do not cut again
         self._cond = threading.Condition()
 
+    @property
+    def rate(self) -> float | None:
+        """Calls per second over the last RATE_S seconds (None before two arrived)."""
+        if len(self._arrivals) < 2:
+            return None
+        span = max(time.monotonic() - self._arrivals[0], 1.0)
+        return len(self._arrivals) / span
+
+    @property
+    def needed(self) -> int | None:
+        """Requests in flight that keep up with the arrivals (Little's law: L = lambda W)."""
+        rate = self.rate
+        if rate is None or self.latency_s is None:
+            return None
+        return max(1, math.ceil(rate * self.latency_s))
+
     def acquire(self) -> int:
         """Waits for a slot; returns the call's ticket for `release`."""
         with self._cond:
+            now = time.monotonic()
+            self._arrivals.append(now)
+            while self._arrivals and self._arrivals[0] < now - RATE_S:
+                self._arrivals.popleft()
             while self.in_flight >= self.limit:
                 self._cond.wait()
             self.in_flight += 1
@@ -211,13 +245,24 @@ class AdaptiveLimit:
             self.in_flight -= 1
             self._cond.notify_all()
 
+    def pause(self, seconds: float) -> None:
+        """The endpoint asked for a wait (Retry-After): nothing is sent before it is over."""
+        with self._cond:
+            self.paused_until = max(self.paused_until, time.monotonic() + seconds)
+
+    def wait_pause(self) -> None:
+        while (left := self.paused_until - time.monotonic()) > 0:
+            time.sleep(min(left, 1.0))
+
     def feedback(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:
         """How one request of the call holding `ticket` went: its latency when it was answered,
         `overloaded` when the server shed it."""
-        if not self.adaptive:
-            return
         with self._cond:
-            self._adapt(ticket, latency_s, overloaded)
+            if latency_s is not None:
+                lat = self.latency_s
+                self.latency_s = latency_s if lat is None else 0.8 * lat + 0.2 * latency_s
+            if self.adaptive:
+                self._adapt(ticket, latency_s, overloaded)
             self._cond.notify_all()
 
     def _adapt(self, ticket: int, latency_s: float | None, overloaded: bool) -> None:
@@ -225,16 +270,67 @@ class AdaptiveLimit:
             # Calls sent at the old limit fail together: one cut per round trip, as TCP does.
             if ticket > self._cut_after:
                 self.limit, self.cuts = max(1, self.limit // 2), self.cuts + 1
-                self._cut_after, self._window = self._issued, 0
+                self._cut_after, self._window, self.slow_start = self._issued, 0, False
             return
         if latency_s is None:
             return
         self.best_s = latency_s if self.best_s is None else min(self.best_s, latency_s)
         if latency_s > self.slow_factor * self.best_s:
-            return  # requests queue at the server: hold
+            self.slow_start = False  # requests queue at the server: hold, grow additively
+            return
         self._window += 1
         if self._window >= self.limit and self.limit < self.max_limit:
-            self.limit, self._window = self.limit + 1, 0
+            grow = 1
+            if self.slow_start:  # double, but not past what the arrivals need
+                grow = max(1, min(self.limit, (self.needed or 0) - self.limit))
+            self.limit, self._window = min(self.max_limit, self.limit + grow), 0
+
+
+class RateLimit:
+    """A provider's requests and tokens per minute (RPM, TPM), as token buckets refilled
+    continuously. A request waits for one request and the tokens a call has cost on average."""
+
+    def __init__(self, rpm: int | None, tpm: int | None) -> None:
+        self.rpm, self.tpm = rpm, tpm
+        self.requests = float(rpm or 0)
+        self.tokens = float(tpm or 0)
+        self.per_call = 0.0  # tokens per call, smoothed
+        self._at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _refill(self, now: float) -> None:
+        dt, self._at = now - self._at, now
+        if self.rpm:
+            self.requests = min(float(self.rpm), self.requests + dt * self.rpm / 60)
+        if self.tpm:
+            self.tokens = min(float(self.tpm), self.tokens + dt * self.tpm / 60)
+
+    def wait(self) -> float:
+        """Blocks until a request may go; returns the tokens reserved for it."""
+        while True:
+            with self._lock:
+                self._refill(time.monotonic())
+                need = min(self.per_call, float(self.tpm or 0))
+                ok_r = not self.rpm or self.requests >= 1
+                ok_t = not self.tpm or self.tokens >= need
+                if ok_r and ok_t:
+                    self.requests -= 1 if self.rpm else 0
+                    self.tokens -= need if self.tpm else 0
+                    return need
+                short = []
+                if not ok_r:
+                    short.append((1 - self.requests) * 60 / self.rpm)  # type: ignore[operator]
+                if not ok_t:
+                    short.append((need - self.tokens) * 60 / self.tpm)  # type: ignore[operator]
+            time.sleep(min(max(max(short), 0.01), 0.5))
+
+    def spent(self, reserved: float, tokens: int) -> None:
+        """A call's real token count replaces what was reserved for it."""
+        with self._lock:
+            if self.tpm:
+                self.tokens -= tokens - reserved
+            if tokens:
+                self.per_call = tokens if not self.per_call else 0.8 * self.per_call + 0.2 * tokens
 
 
 _LIMITS: dict[str, AdaptiveLimit] = {}
@@ -247,3 +343,17 @@ def limit_for(url: str, max_limit: int, start: int, adaptive: bool) -> AdaptiveL
         if key not in _LIMITS:
             _LIMITS[key] = AdaptiveLimit(max_limit, start, adaptive)
         return _LIMITS[key]
+
+
+_RATES: dict[str, RateLimit] = {}
+
+
+def rate_for(url: str, rpm: int | None, tpm: int | None) -> RateLimit | None:
+    """One RPM/TPM bucket per endpoint (and settings) and process; None when none is set."""
+    if not rpm and not tpm:
+        return None
+    key = f"{url}|{rpm}|{tpm}"
+    with _BREAKERS_LOCK:
+        if key not in _RATES:
+            _RATES[key] = RateLimit(rpm, tpm)
+        return _RATES[key]

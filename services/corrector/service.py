@@ -269,16 +269,22 @@ def _outcome(
     def wanted() -> bool:
         """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog)"""
         row = _existing(session, step.id, name)
+        session.commit()  # nothing written yet: the connection goes back while the call runs
         if row is not None and row.status != "pending":
             return False
         if on_send is not None:
             on_send()
         return True
 
+    def request() -> CorrectionRequest:
+        req = request_for_step(session, step, blobs)
+        # Hundreds of corrections wait on a slow endpoint at once: none holds a database
+        # connection meanwhile (the pool has a few dozen).
+        session.commit()
+        return req
+
     budget = run_budget(session, step.run_id, name)
-    return _answer(
-        step, name, corrector, lambda: request_for_step(session, step, blobs), budget, wanted
-    )
+    return _answer(step, name, corrector, request, budget, wanted)
 
 
 def _answer(

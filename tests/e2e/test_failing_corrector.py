@@ -64,6 +64,6 @@ def test_a_run_whose_corrector_always_fails_reports_it(tmp_path, warm_checkpoint
     assert f"why: malformed: answer is not JSON ({n})" in proc.stdout
     assert run_status == "degraded" and "run 1: degraded in" in proc.stdout
     assert run_error == (
-        f"degraded: {n} of {n} requested corrections failed or were skipped (over "
+        f"degraded: {n} of {n} requested corrections failed (over "
         f"corrector.degraded_share = 0.5): malformed: answer is not JSON ({n})"
     )

@@ -22,7 +22,7 @@ from services.api.auth import COOKIE_NAME, from_our_pages, lookup_token, raw_tok
 from services.api.deps import get_db
 from services.api.diff import readable, word_diff
 from services.api.launch import check_launch
-from services.controller.correction_stats import failure_reasons
+from services.controller.correction_stats import failure_reasons, run_totals
 from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken, Episode
 from shared.schemas import RunConfig
 
@@ -329,6 +329,7 @@ def run_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
         terminal=run.status in TERMINAL_STATUSES,
         config_toml=service.config_toml(run),
         cost=service.corrector_cost(db, run.id) if service.sends_to_corrector(run) else None,
+        coverage=run_totals(db, run.id) if latest.get("corrections") else None,
     )
     if flash:  # shown once
         page.delete_cookie(FLASH_COOKIE, path=f"/runs/{run_id}")

@@ -76,7 +76,7 @@ def test_most_corrections_failed_means_degraded_and_the_threshold_is_a_setting(
     with session_scope() as s:
         error = store.run_row(s, run_id).error
     assert error == (
-        "degraded: 3 of 4 requested corrections failed or were skipped (over "
+        "degraded: 3 of 4 requested corrections failed (over "
         "corrector.degraded_share = 0.5): timeout: no answer within 60 s (3)"
     )
     lenient, cfg = _run_with_corrections(done=1, failed=3, share=0.8)

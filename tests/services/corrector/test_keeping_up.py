@@ -1,0 +1,101 @@
+"""A pipeline that keeps up with the rollout (issue 53): the endpoint's limit ramps up by
+doubling to what the arrivals need (Little's law), holds once latency rises, halves on a
+push-back; Retry-After pauses every caller; RPM/TPM buckets pace the requests; the embedded
+pool has a thread per request the endpoint may have in flight."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from services.controller.backends import ThreadCorrections
+from services.corrector.remote import RemoteParams
+from services.corrector.resilience import AdaptiveLimit, RateLimit
+from shared.settings import Settings
+
+
+def _answer(limit: AdaptiveLimit, n: int, latency_s: float) -> None:
+    """``n`` answers, each in ``latency_s`` (arrivals are set apart by ``_arrive``)."""
+    for _ in range(n):
+        limit.feedback(0, latency_s, False)
+
+
+def _arrive(limit: AdaptiveLimit, per_s: float, seconds: float) -> None:
+    """Arrivals at ``per_s`` over the last ``seconds``, as the limit measures them."""
+    now = time.monotonic()
+    limit._arrivals.extend(now - seconds + i / per_s for i in range(int(per_s * seconds)))
+
+
+def test_slow_start_doubles_to_littles_law_need_then_aimd() -> None:
+    limit = AdaptiveLimit(max_limit=256, start=4)
+    _arrive(limit, per_s=32, seconds=10)  # 32 steps a second at 2 s: 64 in flight needed
+    limit.latency_s = 2.0
+    windows = []
+    for _ in range(6):
+        _answer(limit, limit.limit, 2.0)
+        windows.append(limit.limit)
+    assert windows[:4] == [8, 16, 32, 64], windows  # one doubling per window of answers
+    assert limit.needed == 64
+    assert windows[-2:] == [65, 66]  # never doubled past the need: no 128 for a 64-step load
+    before = limit.limit
+    tickets = [limit.acquire() for _ in range(3)]
+    for t in tickets:  # a 503 to three requests sent together: one cut
+        limit.feedback(t, None, True)
+        limit.release()
+    assert limit.limit == before // 2 and limit.cuts == 1 and not limit.slow_start
+    assert limit.peak_in_flight == 3
+    cut = limit.limit
+    _answer(limit, cut, 2.0)
+    assert limit.limit == cut + 1  # additive from now on
+
+
+def test_rising_latency_ends_slow_start_and_holds() -> None:
+    limit = AdaptiveLimit(max_limit=256, start=4)
+    _arrive(limit, per_s=100, seconds=10)
+    _answer(limit, 4, 1.0)
+    assert limit.limit == 8
+    _answer(limit, 8, 2.5)  # requests queue at the server
+    assert limit.limit == 8 and not limit.slow_start
+
+
+def test_retry_after_pauses_every_caller() -> None:
+    limit = AdaptiveLimit(max_limit=8, start=8)
+    limit.pause(0.4)
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: limit.wait_pause(), range(4)))
+    assert 0.35 <= time.monotonic() - started < 2.0
+
+
+def test_rpm_paces_requests_and_tpm_the_tokens() -> None:
+    rpm = RateLimit(rpm=600, tpm=None)  # 10 a second, a burst of 600 allowed at first
+    rpm.requests = 0.0  # the burst is spent
+    started = time.monotonic()
+    for _ in range(5):
+        rpm.wait()
+    assert 0.4 <= time.monotonic() - started < 1.5  # ~0.1 s each
+    tpm = RateLimit(rpm=None, tpm=6000)  # 100 tokens a second
+    tpm.spent(tpm.wait(), 6000)  # one call used the whole minute's tokens
+    started = time.monotonic()
+    done = threading.Event()
+    threading.Thread(target=lambda: (tpm.wait(), done.set()), daemon=True).start()
+    assert not done.wait(0.5)  # no tokens left: the next call waits
+    tpm.tokens = 7000.0
+    assert done.wait(6)
+
+
+def test_defaults_suit_a_hosted_api_and_the_pool_has_a_thread_per_slot(pg_url: str) -> None:
+    p = RemoteParams()
+    assert p.concurrency >= 256 and p.concurrency_start > 1 and p.adaptive
+    inline = {
+        "name": "hosted",
+        "kind": "http",
+        "base_url": "http://127.0.0.1:9",
+        "params": {"concurrency": 300},
+    }
+    pool = ThreadCorrections("hosted", 0.0, 0, Settings(), inline=inline)
+    try:
+        assert pool.pool._max_workers == 300  # eight threads would cap 300 in flight at 8
+    finally:
+        pool.close()
