@@ -26,7 +26,7 @@ from services.study.bundle import BundleError, import_study, read_bundle
 from services.study.schemas import StudyConfig
 from shared.db import models
 from shared.db.session import session_scope
-from tests.conftest import live_server
+from tests.conftest import RealRun, live_server
 from tests.services.corrector.helpers import make_step
 from tests.services.study.tiny_study import gtr_cli
 
@@ -365,3 +365,39 @@ def test_imported_specs_and_runs_pass_the_launch_checks(api: dict, tmp_path: Pat
     with session_scope() as s:
         runs = s.scalars(select(models.Run).where(models.Run.study_id == study_id)).all()
         assert [r.status for r in runs] == ["failed"]  # nothing queued
+
+
+# ---- 9: a nested route shows only a child of the parent in its URL ------------------------------
+
+
+def test_a_nested_route_shows_only_a_child_of_its_parent(api: dict, real_run: RealRun) -> None:
+    launched = httpx.post(
+        f"{api['url']}/api/runs",
+        json={"task": "numberline", "name": "round4-other"},
+        headers={"Authorization": f"Bearer {real_run.write_token}"},
+    )
+    assert launched.status_code == 201, launched.text
+    other = launched.json()["id"]  # a run of the same team, so only the nesting can refuse
+    try:
+        with session_scope() as s:
+            step = s.scalars(
+                select(models.Step).where(models.Step.run_id == real_run.run_id).limit(1)
+            ).one()
+            step_id, episode_id = step.id, step.episode_id
+        cookies = {"gtr_token": real_run.read_token}
+        url, run_id = api["url"], real_run.run_id
+        own = httpx.get(f"{url}/runs/{run_id}/steps/{step_id}", cookies=cookies)
+        assert own.status_code == 200, own.status_code
+        opens = httpx.get(f"{url}/runs/{run_id}/episodes/{episode_id}", cookies=cookies)
+        assert opens.status_code == 303 and opens.headers["location"].startswith(
+            f"/runs/{run_id}/steps/"
+        )
+        for path in (f"/runs/{other}/steps/{step_id}", f"/runs/{other}/episodes/{episode_id}"):
+            wrong = httpx.get(url + path, cookies=cookies)
+            assert wrong.status_code == 404, (path, wrong.status_code, wrong.headers)
+            assert "location" not in wrong.headers and f"/runs/{run_id}/" not in wrong.text, path
+    finally:
+        httpx.post(
+            f"{api['url']}/api/runs/{other}/cancel",
+            headers={"Authorization": f"Bearer {real_run.write_token}"},
+        )

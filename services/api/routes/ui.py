@@ -433,9 +433,12 @@ def episodes_page(
 def episode_page(
     request: Request, run_id: RunId, episode_id: EpisodeId, db: Db, me: User
 ) -> Response:
-    """An episode opens at its first step."""
+    """An episode opens at its first step; one of another run than the URL's is a 404."""
     try:
-        steps = service.list_steps(db, service.get_episode(db, me, episode_id))
+        episode = service.get_episode(db, me, episode_id)
+        if episode.run_id != run_id:
+            raise service.NotFound(f"episode {episode_id}")
+        steps = service.list_steps(db, episode)
     except service.NotFound:
         return not_found_page(request, me, f"episode {episode_id}")
     if not steps:
@@ -472,10 +475,8 @@ def step_page(request: Request, run_id: RunId, step_id: StepId, db: Db, me: User
         step, corrections, nav = service.get_step(db, me, step_id)
     except service.NotFound:
         return not_found_page(request, me, f"step {step_id}")
-    if step.run_id != run_id:
-        return RedirectResponse(
-            f"/runs/{step.run_id}/steps/{step_id}", status.HTTP_308_PERMANENT_REDIRECT
-        )
+    if step.run_id != run_id:  # a step of another run than the URL's: the same 404
+        return not_found_page(request, me, f"step {step_id}")
     episode = service.get_episode(db, me, step.episode_id)
     diffs = {
         c.id: word_diff(step.thought or "", c.corrected_thought)
