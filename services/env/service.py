@@ -25,6 +25,8 @@ from services.env.render import display_png
 from shared.paths import GAMES_NOT_FOUND, confined_games
 from shared.schemas import EnvConfig
 
+GAME_OPTION = "an index of the session's games or one of its game files"
+
 
 class EnvError(ValueError):
     """A client mistake: unknown task, bad option (REST: 422)."""
@@ -146,7 +148,9 @@ class EnvPool:
                 raise PoolFull(self._full())
         try:
             env = make_env(task, cfg, seed)
-        except (ValueError, KeyError, OSError, ImportError) as e:  # OSError: a name too long ...
+        except OSError as e:  # a name too long, a file it may not read: no path, no errno
+            raise EnvError("env.options.games: the games could not be read") from e
+        except (ValueError, KeyError, ImportError) as e:
             raise EnvError(str(e)) from e
         session = _Session(env, task, cfg, seed, np.random.default_rng(seed), self._clock())
         sid = uuid.uuid4().hex
@@ -168,13 +172,33 @@ class EnvPool:
         return cfg.model_copy(update={"options": {**cfg.options, "games": confined}})
 
     def reset(self, session_id: str, options: dict[str, Any] | None = None) -> Observation:
-        """Start a new episode (the first one uses the session's seed); ``options`` fix a deal."""
+        """Start a new episode (the first one uses the session's seed); ``options`` fix a deal
+        (ALFWorld: ``game``, an index of the session's games or a game file, confined like
+        ``games``). An error names the option, never the path or the OS's reason."""
         s = self._get(session_id)
+        options = self._confine_game(s.task, options)
         with s.lock:
             try:
                 return self._reset(s, options)
-            except (ValueError, KeyError, TypeError) as e:
+            except OSError as e:
+                raise EnvError("options.game: the game could not be loaded") from e
+            except (ValueError, LookupError, TypeError) as e:
+                if s.task == "alfworld":
+                    raise EnvError(f"options.game: {GAME_OPTION}") from e
                 raise EnvError(f"bad reset options: {e}") from e
+
+    def _confine_game(self, task: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
+        """ALFWorld's ``game`` reset option: an index, or a game file under ``games_roots``
+        (resolved; one answer for absent and not allowed)."""
+        game = (options or {}).get("game")
+        if task != "alfworld" or self.games_roots is None or game is None or options is None:
+            return options
+        if isinstance(game, int) and not isinstance(game, bool):
+            return options
+        confined = confined_games(game, self.games_roots) if isinstance(game, str) else None
+        if confined is None:
+            raise EnvError(f"options.game: {GAMES_NOT_FOUND}")
+        return {**options, "game": confined}
 
     def step(self, session_id: str, output_text: str) -> StepResult:
         """Parse the agent's output, act, and auto-reset when the episode ends."""

@@ -6,6 +6,7 @@ CSV prefixes, strict types on the corrector `/test`, and nested routes naming an
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import re
 import threading
@@ -22,14 +23,18 @@ from sqlalchemy import func, select
 from services.api.app import create_app
 from services.api.auth import create_token
 from services.corrector.tasks import correct as correct_task
+from services.env.app import create_app as env_app
 from services.study.bundle import BundleError, import_study, read_bundle
 from services.study.schemas import StudyConfig
 from shared.db import models
 from shared.db.session import session_scope
-from tests.conftest import RealRun, live_server
+from shared.paths import GAMES_NOT_FOUND
+from shared.settings import Settings
+from tests.conftest import ROOT, RealRun, live_server, need
 from tests.services.corrector.helpers import make_step
 from tests.services.study.tiny_study import gtr_cli
 
+TOKEN = "round4-service-token-" + "s" * 32
 TEAMS = [
     ("alpha", "write", "alpha"),
     ("alpha-admin", "admin", "alpha"),
@@ -401,3 +406,64 @@ def test_a_nested_route_shows_only_a_child_of_its_parent(api: dict, real_run: Re
             f"{api['url']}/api/runs/{other}/cancel",
             headers={"Authorization": f"Bearer {real_run.write_token}"},
         )
+
+
+# ---- 2: path options on every route of the env service and the policy service's /env -----------
+
+SAMPLE = ROOT.parent / "shared" / "alfworld_sample" / "real"
+
+
+def _games_are_confined_on_reset(url: str, secret: Path) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"task": "alfworld", "config": {"image_size": 64, "options": {"games": str(SAMPLE)}}}
+    made = httpx.post(f"{url}/envs", json=body, headers=auth, timeout=120)
+    assert made.status_code == 201, made.text[:300]
+    sid = made.json()["id"]
+    answers = set()
+    for game in (str(secret), str(secret) + ".absent", "/etc/passwd", "../../../etc/passwd", [1]):
+        r = httpx.post(
+            f"{url}/envs/{sid}/reset", json={"options": {"game": game}}, headers=auth, timeout=60
+        )
+        assert r.status_code == 422, (game, r.status_code, r.text[:300])
+        assert "secret" not in r.text and "passwd" not in r.text and "rrno" not in r.text, r.text
+        answers.add(r.json()["detail"])
+    assert answers == {f"options.game: {GAMES_NOT_FOUND}"}  # one text: existence not confirmed
+    # Inside the roots but not a game: the option is named, not the path or the OS's reason.
+    r = httpx.post(
+        f"{url}/envs/{sid}/reset", json={"options": {"game": str(SAMPLE)}}, headers=auth, timeout=60
+    )
+    assert r.status_code == 422 and str(SAMPLE) not in r.text, r.text
+    assert r.json()["detail"].startswith("options.game: "), r.text
+    ok = httpx.post(f"{url}/envs/{sid}/reset", json={"options": {"game": 0}}, headers=auth)
+    assert ok.status_code == 200, ok.text[:300]
+
+
+@pytest.fixture
+def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.pem"
+    secret.write_text("-----BEGIN PRIVATE KEY-----\n")
+    return secret
+
+
+def test_the_env_service_confines_the_game_of_a_reset(secret_file: Path) -> None:
+    need(importlib.util.find_spec("alfworld") is not None, "the alfworld extra is not installed")
+    need(SAMPLE.is_dir(), f"the ALFWorld sample is missing at {SAMPLE}")
+    settings = Settings(service_token=TOKEN, games_roots=[SAMPLE])  # type: ignore[arg-type]
+    with live_server(env_app(settings=settings)) as url:
+        _games_are_confined_on_reset(url, secret_file)
+
+
+def test_the_policy_service_hosted_envs_confine_the_game_of_a_reset(
+    tiny_model_dir: Path, secret_file: Path
+) -> None:
+    need(importlib.util.find_spec("alfworld") is not None, "the alfworld extra is not installed")
+    need(SAMPLE.is_dir(), f"the ALFWorld sample is missing at {SAMPLE}")
+    from services.policy.app import create_app as policy_app
+    from services.policy.service import Policy
+
+    settings = Settings(  # type: ignore[arg-type]
+        service_token=TOKEN, policy_hosts_envs=True, games_roots=[SAMPLE]
+    )
+    app = policy_app(Policy.load(tiny_model_dir, lora_r=4), settings=settings)
+    with live_server(app) as url:
+        _games_are_confined_on_reset(f"{url}/env", secret_file)
