@@ -452,6 +452,20 @@ class TeacherConfig(_Strict):
     keep_last: int = Field(
         4, ge=1, le=64, description="k: merge = last_k merges the run's last k checkpoints"
     )
+    lag: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="The newest checkpoint merged is at least lag updates older than the run's "
+        "newest (the acting policy): 1 keeps the current policy out of its own teacher; 0 = "
+        "GTR-Turbo's code, where it is one of the merged checkpoints",
+    )
+    kl_into: Literal["thought_loss", "return"] = Field(
+        "thought_loss",
+        description="gtr_turbo_kl: the KL penalty as a loss on the thought tokens only (the "
+        "paper: guide the thought, keep the action's exploration), or subtracted from the return "
+        "(GTR-Turbo's code: through the advantage it moves the action tokens too)",
+    )
     density: float = Field(
         0.8, gt=0, le=1, description="TIES trim: share of each delta's largest entries kept"
     )
@@ -476,8 +490,8 @@ class TeacherConfig(_Strict):
         100.0,
         ge=0,
         le=10_000,
-        description="gtr_turbo_kl: KL penalty of a malformed output, which has no thought to "
-        "score (authors: 100; 0 = none)",
+        description="gtr_turbo_kl with kl_into = return: KL penalty of a malformed output, which "
+        "has no thought to score (authors: 100; 0 = none)",
     )
     malformed_reward: float = Field(
         -2.0,

@@ -145,7 +145,7 @@ class RolloutCollector:
         stream = self._policy_rollout(params)
         with WritePipeline() as writer, _closed_after(stream):
             ended = np.zeros(self.cfg.train.num_envs, dtype=bool)  # grpo by episodes
-            for t in range(self.cfg.train.num_steps):
+            for t in range(eps.rollout_steps):
                 if self.cancel_seen:  # read by the recorder thread with each step it writes
                     raise Cancelled()
                 images, prompts = [o.image for o in eps.obs], [o.prompt for o in eps.obs]

@@ -23,6 +23,7 @@ from shared.schemas import GROUP_ALGORITHMS, RunConfig
 from shared.seeds import train_env_seed
 
 log = logging.getLogger("gtr.controller")
+MAX_EPISODE_STEPS = 1000  # the evaluation's bound too, where env.max_episode_steps is unset
 
 
 class Episodes:
@@ -44,10 +45,8 @@ class Episodes:
         # Frames for people are drawn from the stored state when viewed; only those no state can
         # redraw (THOR's camera) are drawn while recording.
         size = record_time_size(self.cfg.task, self.cfg.env.model_dump())
+        # grpo by episodes keeps the env's own step cap: the other arms' and the evaluation's.
         env = self.cfg.env.model_copy(update={"display_size": size})
-        if self.whole_episodes:  # grpo by episodes: num_steps is the step cap per episode
-            cap = min(env.max_episode_steps or self.cfg.train.num_steps, self.cfg.train.num_steps)
-            env = env.model_copy(update={"max_episode_steps": cap})
         with session_scope() as s:
             for e in range(self.cfg.train.num_envs):
                 # A resumed run gets fresh seeds: its envs restart, so must not replay old deals.
@@ -57,6 +56,14 @@ class Episodes:
                 self.obs.append(self.envs.reset(sid))
                 seq = store.next_episode_seq(s, self.run_id, e)
                 self.cursors.append(open_episode(s, self.run_id, e, seq, u))
+
+    @property
+    def rollout_steps(self) -> int:
+        """Most batched steps a rollout takes: ``num_steps``; grpo by episodes: until every
+        env's episode ended, which the env's time limit bounds (``max_episode_steps``)."""
+        if self.whole_episodes:
+            return self.cfg.env.max_episode_steps or MAX_EPISODE_STEPS
+        return self.cfg.train.num_steps
 
     @property
     def whole_episodes(self) -> bool:

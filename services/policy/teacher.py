@@ -3,8 +3,10 @@
 The teacher is the warm start (the run's checkpoint −1) plus the TIES merge of the deltas of
 every trained checkpoint so far (``teacher.merge = "running"``, as GTR-Turbo's authors keep a
 running merge), or of only the last ``teacher.keep_last`` (``"last_k"``: a teacher that sits close
-to the agent, the current policy being one of 4); it is re-merged once the newest checkpoint is
-``teacher.merge_every`` updates past the newest one merged. Before the first trained checkpoint
+to the agent). The newest ``teacher.lag`` checkpoints (the acting policy first) are left out,
+so the current policy is not part of its own teacher (``lag = 0``: GTR-Turbo's code, where it
+is). It is re-merged once the newest checkpoint is ``teacher.merge_every`` updates past the
+newest one merged. Before the first trained checkpoint
 it is the warm start itself. Full fine-tuning merges the state dicts (``merging.ties_merge``);
 LoRA merges the adapters with peft's own ``add_weighted_adapter`` (``teacher.lora_merge``:
 ``ties`` on the A/B factors as GTR-Turbo's code does, or ``ties_svd`` on the deltas B·A).
@@ -83,6 +85,9 @@ class TeacherCache:
         by_update = {r.update_idx: r for r in refs}
         if -1 not in by_update:
             raise LookupError("the run has no warm-start checkpoint (-1) yet")
+        newest = max(by_update)
+        if self.cfg.lag and newest >= 0:  # the acting policy (and lag - 1 before it) left out
+            by_update = {u: r for u, r in by_update.items() if u < 0 or u <= newest - self.cfg.lag}
         keep = None if self.cfg.merge == "running" else self.cfg.keep_last
         want = pick_checkpoints(list(by_update), self.updates, keep, self.cfg.merge_every)
         if self.policy is None or want != self.updates:

@@ -284,3 +284,17 @@ def thought_kl_penalty(
     """
     diff = (agent_logprobs - teacher_logprobs).clamp(0.0, clip)
     return masked_mean(diff, thought_mask, -1)
+
+
+def thought_kl_loss(
+    agent_logprobs: Tensor, teacher_logprobs: Tensor, thought_mask: Tensor, clip: float = 10.0
+) -> Tensor:
+    """The reverse KL(π_a ‖ π_t) on the agent's own thought tokens as a loss, not a reward.
+
+    Per token y ~ π_a, ∇KL = E[(log π_a(y) − log π_t(y)) ∇ log π_a(y)]: each thought token's
+    log-prob is weighted by its own (detached) log-ratio, clamped to [0, clip] as the penalty is.
+    Only thought tokens carry a gradient: the action keeps its exploration (GTR-Turbo's paper:
+    guiding only the thought worked better). (B, L) → a scalar, the mean over steps.
+    """
+    weight = (agent_logprobs.detach() - teacher_logprobs).clamp(0.0, clip)
+    return masked_mean(weight * agent_logprobs, thought_mask, -1).mean()

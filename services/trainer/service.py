@@ -5,7 +5,8 @@
 PPO update on a ``Rollout``; ``algorithm`` picks the loss terms of the same loop:
 gtr = PPO + SFT, rl4vlm = PPO only, sft_only = SFT only; grpo / gtr_grpo take group-relative
 advantages and drop the value loss (gtr_grpo adds SFT); gtr_turbo_kl subtracts a KL penalty to
-the merged self-teacher (``self.teacher``, set by the worker) from the returns.
+the merged self-teacher (``self.teacher``, set by the worker): a loss on the thought tokens, or
+(``teacher.kl_into = "return"``) subtracted from the returns.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ class Trainer:
         )
         self.turbo = TeacherConfig()  # gtr_turbo_kl: kl_coef, kl_clip (runs.py sets the run's)
         self._extra: dict[str, float] = {}  # advantage statistics of the current update
+        self.trained: np.ndarray | None = None  # grpo: the steps the update trains (N,) bool
+        self._teacher_lp = np.zeros((0, 0), dtype=np.float32)  # gtr_turbo_kl: per token
+        self._teacher_valid = np.zeros((0, 0), dtype=np.float32)
 
     # ---- stages ------------------------------------------------------------------------------
 
@@ -176,53 +180,31 @@ class Trainer:
         if self.algorithm == "gtr_turbo_kl":
             # A malformed output has no thought to score: the authors charge it KL 100 and a
             # format reward of -2 (teacher.malformed_kl, malformed_reward; 0 and 0 = ours before).
+            # teacher.kl_into = "thought_loss": the KL is a loss on the thought tokens instead
+            # (ppo_loss), so neither it nor malformed_kl enters the return.
             bad = 1.0 - as_te(rollout.format_valid)
             kl = as_te(self.kl_penalty(rollout)) * (1.0 - bad) + self.turbo.malformed_kl * bad
-            returns = returns - self.turbo.kl_coef * kl + self.turbo.malformed_reward * bad
+            if self.turbo.kl_into == "return":
+                returns = returns - self.turbo.kl_coef * kl
+            returns = returns + self.turbo.malformed_reward * bad
         advantages = returns - values  # A = (GAE return + bonus) − V, as the reference
         adv = algos.normalize_advantages(advantages.reshape(-1))
         return adv.to(self.device), returns.reshape(-1).to(self.device)
 
     def group_advantages(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
-        """grpo: episode returns (+ format bonus per step) normalised within start-state groups."""
-        t, e = rollout.num_steps, rollout.num_envs
-        as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
-        # The bonus joins the reward of its step, so it counts once in the trajectory return.
-        rewards = as_te(rollout.rewards) + self.cfg.format_reward * as_te(rollout.format_valid)
-        dones = as_te(rollout.dones)
-        cfg = self.cfg
-        adv, stats = algos.grpo_advantages(
-            rewards,
-            dones,
-            cfg.group_size,
-            cfg.group_eps,
-            cfg.group_std,
-            first_only=cfg.grpo_rollout == "episodes",
-        )
-        self._extra = stats
-        ret, _, _ = algos.episode_returns(rewards, dones)
-        return adv.reshape(-1).to(self.device), ret.reshape(-1).to(self.device)
+        """grpo: episode returns (+ format bonus per step) normalised within start-state groups;
+        only the steps of the episodes that formed groups are trained (``self.trained``)."""
+        adv, ret, self.trained, self._extra = group_advantages(rollout, self.cfg)
+        return adv.to(self.device), ret.to(self.device)
 
     def kl_penalty(self, rollout: Rollout) -> np.ndarray:
-        """gtr_turbo_kl: each step's thought-token KL penalty against the teacher, (N,)."""
+        """gtr_turbo_kl: each step's thought-token KL penalty against the teacher, (N,); the
+        teacher's token log-probs are kept for the thought-token KL loss."""
         if self.teacher is None:
             raise RuntimeError("gtr_turbo_kl needs a teacher: set Trainer.teacher first")
-        out = np.zeros(rollout.size, dtype=np.float32)
-        mb = self.cfg.minibatch_size
-        for start in range(0, rollout.size, mb):
-            idx = np.arange(start, min(start + mb, rollout.size))
-            ids = [rollout.response_ids[i, : rollout.response_lengths[i]].tolist() for i in idx]
-            length = max(1, max(len(x) for x in ids))
-            cut = np.ix_(idx, np.arange(length))
-            images = [self.image(rollout.image_shas[i]) for i in idx]
-            prompts = [str(rollout.prompts[i]) for i in idx]
-            teacher = self.teacher.score(images, prompts, ids, temperature=self.temperature)
-            t_lp = teacher.logprobs[:, :length].float().cpu()
-            valid = teacher.mask[:, :length].cpu()
-            mask = torch.as_tensor(rollout.thought_mask[cut]).float() * valid
-            a_lp = torch.as_tensor(rollout.old_logprobs[cut]).float()
-            pen = algos.thought_kl_penalty(a_lp, t_lp, mask, self.turbo.kl_clip)
-            out[idx] = pen.numpy()
+        out, self._teacher_lp, self._teacher_valid = teacher_scores(
+            self.teacher, rollout, self.image, self.cfg.minibatch_size, self.temperature, self.turbo
+        )
         # The teacher's distance from the agent, on the steps it can score (well-formed ones).
         formed = np.asarray(rollout.format_valid, dtype=bool).reshape(-1)
         scored = out[formed] if formed.any() else np.zeros(1, dtype=np.float32)
@@ -234,9 +216,12 @@ class Trainer:
         return out
 
     def minibatches(self, rollout: Rollout, adv: Tensor, ret: Tensor) -> Iterator[Batch]:
-        """Shuffled minibatches of one epoch; with several processes each takes its share."""
-        n, mb = rollout.size, self.cfg.minibatch_size
-        perm = torch.randperm(n, generator=self.torch_gen).numpy()
+        """Shuffled minibatches of one epoch; with several processes each takes its share. grpo:
+        only the trained steps (a step left over after its env's grouped episode, Â = 0, would
+        dilute the policy-gradient mean)."""
+        kept = np.arange(rollout.size) if self.trained is None else np.flatnonzero(self.trained)
+        n, mb = len(kept), self.cfg.minibatch_size
+        perm = kept[torch.randperm(n, generator=self.torch_gen).numpy()]
         rank, world = self._rank_world()
         for start in range(0, n, mb):
             chunk = perm[start : start + mb]
@@ -296,7 +281,16 @@ class Trainer:
                 "clipfrac": algos.clip_fraction(ratio, self.cfg.clip).item(),
                 "entropy": algos.masked_mean(out.entropy[:, :length], valid).item(),
             }
-        return (pg + value_coef * vloss if value_coef else pg), stats
+        loss = pg + value_coef * vloss if value_coef else pg
+        if self.algorithm == "gtr_turbo_kl" and self.turbo.kl_into == "thought_loss":
+            cut = np.ix_(b.idx, np.arange(length))
+            t_lp = torch.as_tensor(self._teacher_lp[cut]).to(self.device)
+            scored = torch.as_tensor(self._teacher_valid[cut]).to(self.device)
+            mask, clip = b.thought_mask * valid * scored, self.turbo.kl_clip
+            loss = loss + self.turbo.kl_coef * algos.thought_kl_loss(lp, t_lp, mask, clip)
+            kl = algos.thought_kl_penalty(lp.detach(), t_lp, mask, clip).mean()  # its value
+            stats["losses/kl"] = kl.item()
+        return loss, stats
 
     def sft_loss(self, examples: list[SftExample]) -> tuple[Tensor, dict[str, float]]:
         """Thought-SFT CE toward corrected outputs (the action value masked out)."""
@@ -350,6 +344,10 @@ class Trainer:
         self._extra = {}
         adv, ret = self.compute_advantages(rollout, judged_correct)
         sft_coef = self.sft_weight()
+        # SFT draws per update: num_envs × num_steps an epoch whatever the rollout's length (gtr
+        # pairs one with each PPO sample; gtr_grpo's whole episodes are shorter or longer).
+        trained = rollout.size if self.trained is None else int(self.trained.sum())
+        draws_per_sample, drawn = self.cfg.num_envs * self.cfg.num_steps / max(trained, 1), 0
         lr = self.optimizer.param_groups[0]["lr"]
         stats: dict[str, list[float]] = {}
         micro = 0
@@ -359,7 +357,9 @@ class Trainer:
                 if use_ppo:
                     ppo, s = self.ppo_loss(rollout, batch)
                     loss, stats = loss + ppo, _append(stats, s)
-                examples, scale = self.draw_sft(buffer, len(batch.idx)) if use_sft else ([], 0.0)
+                n_draws = round(len(batch.idx) * draws_per_sample)
+                examples, scale = self.draw_sft(buffer, n_draws) if use_sft else ([], 0.0)
+                drawn += n_draws if use_sft else 0
                 if examples:
                     sft, s = self.sft_loss(examples)
                     stats = _append(stats, s)
@@ -385,6 +385,7 @@ class Trainer:
             **self.reward_terms,
             "explained_variance": _finite(algos.explained_variance(values_t, returns_t).item()),
             "sft_samples": float(len(buffer) if use_sft and buffer is not None else 0),
+            "sft_draws": float(drawn),
             "returns_mean": float(returns_t.mean()),
             **self._extra,
         }
@@ -435,6 +436,57 @@ class Trainer:
         if self.accelerator is None:
             return 0, 1
         return self.accelerator.process_index, self.accelerator.num_processes
+
+
+def group_advantages(
+    rollout: Rollout, cfg: TrainConfig
+) -> tuple[Tensor, Tensor, np.ndarray, dict[str, float]]:
+    """grpo: (Â, episode returns) per step (N,), the steps in grouped episodes (N,) bool, and
+    the group statistics."""
+    t, e = rollout.num_steps, rollout.num_envs
+    as_te = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(t, e)  # noqa: E731
+    # The bonus joins the reward of its step, so it counts once in the trajectory return.
+    rewards = as_te(rollout.rewards) + cfg.format_reward * as_te(rollout.format_valid)
+    dones = as_te(rollout.dones)
+    first_only = cfg.grpo_rollout == "episodes"
+    adv, stats = algos.grpo_advantages(
+        rewards, dones, cfg.group_size, cfg.group_eps, cfg.group_std, first_only=first_only
+    )
+    ret, ordinal, complete = algos.episode_returns(rewards, dones)
+    grouped = (complete & (ordinal == 0)) if first_only else complete
+    keep = grouped.reshape(-1).numpy() if bool(grouped.any()) else np.ones(rollout.size, bool)
+    stats["grpo/trained_steps"] = float(keep.sum())
+    return adv.reshape(-1), ret.reshape(-1), keep, stats
+
+
+def teacher_scores(
+    teacher: Policy,
+    rollout: Rollout,
+    image: Callable[[str], Any],
+    mb: int,
+    temperature: float,
+    turbo: TeacherConfig,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The teacher's reading of the agent's outputs: each step's thought-token KL penalty (N,),
+    the teacher's token log-probs and where it scored (both (N, L), 0 where it did not)."""
+    out = np.zeros(rollout.size, dtype=np.float32)
+    t_all = np.zeros(rollout.response_ids.shape, dtype=np.float32)
+    v_all = np.zeros(rollout.response_ids.shape, dtype=np.float32)
+    for start in range(0, rollout.size, mb):
+        idx = np.arange(start, min(start + mb, rollout.size))
+        ids = [rollout.response_ids[i, : rollout.response_lengths[i]].tolist() for i in idx]
+        length = max(1, max(len(x) for x in ids))
+        cut = np.ix_(idx, np.arange(length))
+        images = [image(rollout.image_shas[i]) for i in idx]
+        prompts = [str(rollout.prompts[i]) for i in idx]
+        scores = teacher.score(images, prompts, ids, temperature=temperature)
+        t_lp = scores.logprobs[:, :length].float().cpu()
+        valid = scores.mask[:, :length].cpu()
+        mask = torch.as_tensor(rollout.thought_mask[cut]).float() * valid
+        a_lp = torch.as_tensor(rollout.old_logprobs[cut]).float()
+        out[idx] = algos.thought_kl_penalty(a_lp, t_lp, mask, turbo.kl_clip).numpy()
+        t_all[cut], v_all[cut] = (t_lp * valid).numpy(), valid.float().numpy()
+    return out, t_all, v_all
 
 
 def encode_target(

@@ -75,7 +75,7 @@ def test_study_arms_truncate_as_their_papers_ran() -> None:
             rule = EnvConfig.model_validate(cfg.get("env", {})).early_truncation
             if arm == "rl4vlm":
                 assert rule == "off", path
-            elif path.stem == "points24":
+            elif path.stem in ("ezpoints", "points24"):  # EZPoints too (issue 55)
                 assert rule == "reference", (path, arm)
             assert rule != "solver"  # privileged: no paper arm ran with it
         assert base.get("env", {}).get("early_truncation", "off") in ("off", "reference")
