@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import threading
 import time
 from collections import OrderedDict, deque
@@ -51,6 +52,7 @@ class RateLimit(BaseHTTPMiddleware):
         self.max_keys = max_keys
         self.hits: OrderedDict[str, deque[float]] = OrderedDict()
         self.failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self.good: OrderedDict[str, bool] = OrderedDict()  # credentials seen to authenticate
         self.lock = threading.Lock()
 
     def _key(self, request: Request) -> str:
@@ -79,6 +81,9 @@ class RateLimit(BaseHTTPMiddleware):
         if path in PROBES:
             return await call_next(request)
         now, address = time.monotonic(), _address(request)
+        auth = request.headers.get("authorization") or request.cookies.get("gtr_token")
+        credential = self._key(request) if auth else None
+        held = False  # a place in the address's failure window, held while the request runs
         with self.lock:
             if self.failures_per_minute > 0:
                 failed = self._window(self.failures, address, now)
@@ -86,6 +91,12 @@ class RateLimit(BaseHTTPMiddleware):
                     return self._refuse(
                         failed, now, "too many failed authentications from this address"
                     )
+                # Checked and recorded at once: a request that may fail authentication (no
+                # credential seen to work) takes its place now, so parallel wrong tokens
+                # cannot all pass the check before the first failure is counted.
+                if credential is None or credential not in self.good:
+                    failed.append(now)
+                    held = True
             if self.per_minute > 0 and path.startswith("/api"):
                 window = self._window(self.hits, self._key(request), now)
                 if len(window) >= self.per_minute:
@@ -93,13 +104,50 @@ class RateLimit(BaseHTTPMiddleware):
                         window, now, f"rate limit of {self.per_minute} requests per minute exceeded"
                     )
                 window.append(now)
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except BaseException:
+            self._settle(address, now, held, failed_auth=False, credential=None)
+            raise
         failed_auth = response.status_code == 401 or getattr(request.state, "auth_failed", False)
-        if self.failures_per_minute > 0 and failed_auth:
-            with self.lock:
-                self._window(self.failures, address, time.monotonic()).append(time.monotonic())
+        self._settle(address, now, held, failed_auth, credential)
         return response
+
+    def _settle(
+        self, address: str, held_at: float, held: bool, failed_auth: bool, credential: str | None
+    ) -> None:
+        """Keep the held place of a failed authentication, give back that of any other."""
+        if self.failures_per_minute <= 0:
+            return
+        with self.lock:
+            window = self._window(self.failures, address, time.monotonic())
+            if held and not failed_auth:
+                try:
+                    window.remove(held_at)
+                except ValueError:  # it aged out of the window meanwhile
+                    pass
+            elif failed_auth and not held:
+                window.append(time.monotonic())
+            if credential is not None:
+                if failed_auth:
+                    self.good.pop(credential, None)
+                else:
+                    self.good[credential] = True
+                    self.good.move_to_end(credential)
+                    while len(self.good) > self.max_keys:
+                        self.good.popitem(last=False)
 
 
 def _address(request: Request) -> str:
-    return request.client.host if request.client else "?"
+    """The client's address; an IPv6 client is counted per /64 (one host's usual share), an
+    IPv4-mapped one as its IPv4 address."""
+    host = request.client.host if request.client else "?"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return host

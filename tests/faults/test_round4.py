@@ -10,14 +10,18 @@ import importlib.util
 import json
 import re
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy import func, select
 
 from services.api.app import create_app
@@ -30,7 +34,7 @@ from shared.db import models
 from shared.db.session import session_scope
 from shared.paths import GAMES_NOT_FOUND
 from shared.settings import Settings
-from tests.conftest import ROOT, RealRun, live_server, need
+from tests.conftest import ROOT, RealRun, free_port, live_server, need
 from tests.services.corrector.helpers import make_step
 from tests.services.study.tiny_study import gtr_cli
 
@@ -467,3 +471,66 @@ def test_the_policy_service_hosted_envs_confine_the_game_of_a_reset(
     app = policy_app(Policy.load(tiny_model_dir, lora_r=4), settings=settings)
     with live_server(app) as url:
         _games_are_confined_on_reset(f"{url}/env", secret_file)
+
+
+# ---- 4: the failed-authentication limit under parallel requests, IPv6 per /64 ------------------
+
+
+@contextmanager
+def _served(app: Any, **options: Any) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive()
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_parallel_wrong_tokens_get_no_more_401s_than_the_limit(api: dict) -> None:
+    app = create_app(Settings(api_rate_limit_per_minute=0, auth_failures_per_minute=5))
+    with _served(app) as url:
+        barrier = threading.Barrier(64)
+
+        def wrong(i: int) -> int:
+            with httpx.Client(timeout=60) as client:
+                barrier.wait()
+                return client.get(
+                    f"{url}/api/me", headers={"Authorization": f"Bearer wrong-{i}"}
+                ).status_code
+
+        with ThreadPoolExecutor(64) as pool:
+            codes = list(pool.map(wrong, range(64)))
+        assert sorted(set(codes)) == [401, 429] and codes.count(401) <= 5, codes
+        # a right token from the same address is refused as well now
+        right = {"Authorization": f"Bearer {api['tokens']['beta-read']}"}
+        assert httpx.get(f"{url}/api/me", headers=right).status_code == 429
+    # Parallel requests of a token that works are not held against the address.
+    app = create_app(Settings(api_rate_limit_per_minute=0, auth_failures_per_minute=5))
+    with _served(app) as url:
+        assert httpx.get(f"{url}/api/me", headers=right).status_code == 200
+        with ThreadPoolExecutor(32) as pool:
+            codes = list(
+                pool.map(lambda _: httpx.get(f"{url}/api/me", headers=right).status_code, range(32))
+            )
+        assert codes == [200] * 32
+
+
+def test_ipv6_clients_are_counted_per_64() -> None:
+    app = create_app(Settings(api_rate_limit_per_minute=0, auth_failures_per_minute=3))
+    with _served(app, **Settings(trusted_proxies=["127.0.0.1"]).uvicorn_proxy_options()) as url:
+
+        def wrong(client: str) -> int:
+            headers = {"Authorization": "Bearer wrong", "X-Forwarded-For": client}
+            return httpx.get(f"{url}/api/me", headers=headers).status_code
+
+        # one /64: a host that walks its own addresses is one client
+        assert [wrong(f"2001:db8:1:2::{i:x}") for i in range(1, 6)] == [401] * 3 + [429] * 2
+        assert wrong("2001:db8:1:2:ffff:ffff:ffff:ffff") == 429
+        # the next /64 is another client
+        assert wrong("2001:db8:1:3::1") == 401
