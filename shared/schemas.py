@@ -302,6 +302,12 @@ class CorrectorErrors(_Strict):
         le=1,
         description="Wrong choice: reads and computes right, but names a wrong next action",
     )
+    draw: Literal["per_call", "per_state"] = Field(
+        "per_call",
+        description="per_call: each correction's error drawn afresh (a state met again mostly "
+        "gets the right answer); per_state: seeded by the state, so its error (or none) repeats "
+        "on every visit, as a real corrector's mistakes do",
+    )
 
     @model_validator(mode="after")
     def _at_most_one(self) -> CorrectorErrors:

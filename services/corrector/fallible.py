@@ -2,7 +2,8 @@
 
 GTR's corrector is GPT-4o, which is far from perfect on the card games (as an agent it solves
 2.5 % of Points24 deals, 13.5 % with its solver tool). ``corrector.errors`` sets how often this
-corrector errs, by kind (at most one error a correction, drawn per request):
+corrector errs, by kind (at most one error a correction, drawn per request, or per state under
+``corrector.errors.draw = "per_state"``, so that it repeats on every visit):
 
 - ``misread`` (perception): one card or number is read wrong; the corrector then judges and
   corrects exactly, but for the state it misread.
@@ -60,16 +61,41 @@ def pick_kind(errors: CorrectorErrors, rng: random.Random) -> str | None:
     return None
 
 
-def belief(kind: str | None, task: str, state: dict[str, Any], rng: random.Random) -> Belief:
-    """The corrector's belief on ``state`` after an error of ``kind`` (None: the truth)."""
+def belief(
+    kind: str | None, task: str, state: dict[str, Any], rng: random.Random
+) -> tuple[Belief, str | None]:
+    """The corrector's belief on ``state`` after an error of ``kind`` (None: the truth), and the
+    kind of error it holds. An error of ``kind`` that this state cannot take is made as the next
+    kind that it can (misread, arithmetic, choice, in turn); only where none can is the belief
+    the truth, and the kind None: never a drawn error silently turned into the right answer
+    under its own name."""
     truth = Belief(state, good_actions(task, state), ideal_output(task, state))
     if kind is None:
-        return truth
+        return truth, None
     if task == "alfworld":
-        wrong = _wrong_step(state, truth.output, rng)
-        return Belief(state, None, wrong)
-    made = {"misread": _misread, "arithmetic": _arithmetic, "choice": _choice}[kind]
-    return made(task, state, truth, rng) or truth
+        return Belief(state, None, _wrong_step(state, truth.output, rng)), kind
+    start = KINDS.index(kind)
+    for made_kind in KINDS[start:] + KINDS[:start]:
+        made = {"misread": _misread, "arithmetic": _arithmetic, "choice": _choice}[made_kind]
+        held = made(task, state, truth, rng)
+        if held is not None:
+            return held, made_kind
+    return truth, None
+
+
+# State keys that count steps, not the situation: a per-state error ignores them.
+_CLOCK_KEYS = ("steps", "step", "elapsed")
+
+
+def state_seed(seed: int, task: str, state: dict[str, Any]) -> int:
+    """The per-state error model's seed: the same situation (whatever step it is met at)
+    draws the same error, or the same absence of one, on every visit."""
+    import hashlib
+    import json
+
+    seen = {k: v for k, v in state.items() if k not in _CLOCK_KEYS}
+    text = json.dumps([seed, task, seen], sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def _misread(task: str, state: dict[str, Any], truth: Belief, rng: random.Random) -> Belief | None:
@@ -168,10 +194,14 @@ _NAMES: dict[str, list[str]] = {  # the card games' actions (services/env: actio
 
 
 class FallibleCorrector:
-    """The oracle with errors (``corrector.errors``); thread-safe, one seeded stream."""
+    """The oracle with errors (``corrector.errors``); thread-safe. ``errors.draw``: per_call,
+    one seeded stream (each call's error independent of the last); per_state, seeded by the
+    state, so a state's error repeats whenever it is met (a real corrector's repeatable
+    mistakes)."""
 
     def __init__(self, errors: CorrectorErrors | dict[str, Any], seed: int = 0) -> None:
         self.errors = CorrectorErrors.model_validate(errors)
+        self.seed = seed
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -179,10 +209,14 @@ class FallibleCorrector:
         start = time.perf_counter()
         if req.state is None:
             raise CorrectorError("input", "the fallible oracle needs the privileged state")
-        with self._lock:
-            kind = pick_kind(self.errors, self._rng)
-            rng = random.Random(self._rng.getrandbits(32))
-        seen = belief(kind, req.task, req.state, rng)
+        if self.errors.draw == "per_state":  # a state's error repeats on every visit
+            rng = random.Random(state_seed(self.seed, req.task, req.state))
+            drawn = pick_kind(self.errors, rng)
+        else:
+            with self._lock:
+                drawn = pick_kind(self.errors, self._rng)
+                rng = random.Random(self._rng.getrandbits(32))
+        seen, kind = belief(drawn, req.task, req.state, rng)
         output = parse_agent_output(req.output)
         if seen.good is None:  # ALFWorld: the expert's step, or the one it wrongly heads for
             right = output is not None and (
@@ -202,7 +236,9 @@ class FallibleCorrector:
         extras = task_extras(req.task, seen.state)
         if seen.target_formula is not None:
             extras["target_formula"] = seen.target_formula
-        extras["error"] = kind  # the kind drawn (None: none), for audits of the trace
+        extras["error"] = kind  # the kind made (None: none), for audits of the trace
+        if drawn != kind:  # drawn, but this state could not take it: made as another, or none
+            extras["error_drawn"] = drawn
         if right:
             result = Correction(verdict="correct", reasoning=_why(kind, "agrees"))
         else:
@@ -224,4 +260,6 @@ def _why(kind: str | None, what: str) -> str:
 def describe(errors: CorrectorErrors) -> str:
     """``misread 0.1, choice 0.05`` for logs and tables."""
     parts = [f"{k} {getattr(errors, k):g}" for k in KINDS if getattr(errors, k)]
+    if parts and errors.draw == "per_state":
+        parts.append("per state")
     return ", ".join(parts) or "exact"

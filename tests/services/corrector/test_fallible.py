@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from scipy.stats import binomtest
 
-from services.corrector.fallible import KINDS, FallibleCorrector
+from services.corrector.fallible import KINDS, FallibleCorrector, state_seed
 from services.corrector.oracle import (
     OracleCorrector,
     accurate,
@@ -118,6 +118,33 @@ def test_error_kinds_are_drawn_at_their_configured_rates() -> None:
         k = sum(d == kind for d in drawn)
         assert binomtest(k, len(drawn), getattr(errors, kind)).pvalue > 1e-3, (kind, k)
     assert drawn.count(None) > 0
+
+
+def test_per_state_errors_repeat_on_every_visit_at_their_rate() -> None:
+    """errors.draw = per_state: a state met again gets the same answer, wrong or right, as a real
+    corrector's mistakes repeat; per_call errs afresh each time, so that most repeated visits of
+    a state get the right label (a far kinder corrector). The per-state rate is the configured
+    one, over states."""
+    distinct = {state_seed(0, "ezpoints", s): s for s in card_states("ezpoints", 300, seed=4)}
+    states = list(distinct.values())
+    per_state = FallibleCorrector({"choice": 0.3, "draw": "per_state"}, seed=3)
+    per_call = FallibleCorrector({"choice": 0.3}, seed=3)
+    kinds, flips = [], 0
+    for state in states:
+        req = request("ezpoints", state, ideal_output("ezpoints", state))
+        answers = {per_state.correct(req).model_dump_json(exclude={"latency_ms"}) for _ in range(4)}
+        assert len(answers) == 1  # four visits, one answer
+        kinds.append(per_state.correct(req).extras["error"])
+        flips += len({per_call.correct(req).verdict for _ in range(4)}) > 1
+    assert binomtest(kinds.count("choice"), len(kinds), 0.3).pvalue > 1e-3
+    assert flips > len(states) // 4  # per call, a state's verdict changes between visits
+    # Another seed is another corrector: its mistakes fall on other states.
+    other = FallibleCorrector({"choice": 0.3, "draw": "per_state"}, seed=4)
+    mine = [
+        other.correct(request("ezpoints", s, ideal_output("ezpoints", s))).extras["error"]
+        for s in states
+    ]
+    assert mine != kinds
 
 
 def test_errors_are_a_typed_oracle_setting() -> None:
