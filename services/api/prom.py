@@ -1,7 +1,11 @@
 """The API's Prometheus metrics read from the database and Redis at scrape time: runs by status,
-corrections, latency and spend per corrector (by registry id: the scrape is open), the latest
-update's speed of each running run, and the depth of the Celery queues. A scrape is a handful of
-aggregate queries."""
+corrections, latency and spend by corrector, the latest update's speed of the running runs, and
+the depth of the Celery queues. A scrape is a handful of aggregate queries.
+
+The open ``/metrics`` aggregates: registered correctors together (``registered``; the built-ins
+by name, inline ones as ``inline``) and the running runs' figures as their mean, so nothing in it
+follows one team's corrector or run. ``GET /api/metrics`` (an admin token, which sees every team)
+gives the same series per corrector registry id and per run id."""
 
 from __future__ import annotations
 
@@ -35,12 +39,15 @@ RUN_FIGURES = {
 
 
 class StoreCollector(Collector):
+    def __init__(self, detailed: bool = False) -> None:
+        self.detailed = detailed  # per corrector id and per run id (behind an admin token)
+
     def collect(self) -> Iterator[Metric]:
         try:
             with session_scope() as s:
                 yield from _runs(s)
-                yield from _corrections(s)
-                yield from _running(s)
+                yield from _corrections(s, self.detailed)
+                yield from _running(s, self.detailed)
         except Exception as e:  # a database outage shows as a missing series, not a 500
             log.warning("metrics: the database did not answer: %s", e)
         yield from _queues()
@@ -57,15 +64,15 @@ def _runs(s: Any) -> Iterator[Metric]:
     yield g
 
 
-def _label(ids: dict[str, int], name: str) -> str:
-    """A corrector's label: its registry id, never its name (the scrape is open and names are
-    teams' own); the built-ins by name, inline ones together."""
+def _label(ids: dict[str, int], name: str, detailed: bool) -> str:
+    """A corrector's label: never its name (names are teams' own); its registry id when
+    detailed, else all registered ones together; the built-ins by name, inline ones together."""
     if name in ids:
-        return str(ids[name])
+        return str(ids[name]) if detailed else "registered"
     return name if name in (ORACLE, SELF_TEACHER) else "inline"
 
 
-def _corrections(s: Any) -> Iterator[Metric]:
+def _corrections(s: Any, detailed: bool) -> Iterator[Metric]:
     ids = {name: cid for name, cid in s.execute(select(Corrector.name, Corrector.id)).all()}
     by = GaugeMetricFamily(
         "gtr_corrections",
@@ -79,7 +86,7 @@ def _corrections(s: Any) -> Iterator[Metric]:
     ).all()
     counts: dict[tuple[str, str, str], float] = defaultdict(float)
     for name, status, verdict, n in rows:
-        counts[(_label(ids, name), status, verdict or "")] += float(n)
+        counts[(_label(ids, name, detailed), status, verdict or "")] += float(n)
     for key, n in counts.items():
         by.add_metric(list(key), n)
     yield by
@@ -103,7 +110,7 @@ def _corrections(s: Any) -> Iterator[Metric]:
     ).all()
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for name, total_ms, n, tokens in done:
-        acc = sums[_label(ids, name)]
+        acc = sums[_label(ids, name, detailed)]
         acc[0], acc[1], acc[2] = acc[0] + float(total_ms or 0), acc[1] + n, acc[2] + (tokens or 0)
     for label, (total_ms, n, tokens) in sums.items():
         lat.add_metric([label], total_ms / n if n else 0.0)
@@ -112,11 +119,18 @@ def _corrections(s: Any) -> Iterator[Metric]:
     yield spend
 
 
-def _running(s: Any) -> Iterator[Metric]:
+def _running(s: Any, detailed: bool) -> Iterator[Metric]:
+    """Each running run's latest figures by run id (detailed), or their mean over the running
+    runs (the open scrape)."""
     gauges = {
-        k: GaugeMetricFamily(f"gtr_run_{k}", doc, labels=["run_id"])
+        k: GaugeMetricFamily(
+            f"gtr_run_{k}",
+            doc if detailed else f"{doc}, mean over the running runs",
+            labels=["run_id"] if detailed else [],
+        )
         for k, doc in RUN_FIGURES.items()
     }
+    values: dict[str, list[float]] = defaultdict(list)
     running = s.scalars(select(Run.id).where(Run.status == "running")).all()
     for run_id in running[:200]:
         latest = s.scalar(
@@ -127,8 +141,13 @@ def _running(s: Any) -> Iterator[Metric]:
         )
         for k, g in gauges.items():
             v = (latest or {}).get(k)
-            if isinstance(v, int | float):
-                g.add_metric([str(run_id)], float(v))
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                if detailed:
+                    g.add_metric([str(run_id)], float(v))
+                values[k].append(float(v))
+    if not detailed:
+        for k, vs in values.items():
+            gauges[k].add_metric([], sum(vs) / len(vs))
     yield from gauges.values()
 
 
@@ -146,7 +165,7 @@ def _queues() -> Iterator[Metric]:
     yield g
 
 
-def api_registry() -> CollectorRegistry:
+def api_registry(detailed: bool = False) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StoreCollector())
+    reg.register(StoreCollector(detailed))
     return reg

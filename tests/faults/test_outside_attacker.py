@@ -395,7 +395,14 @@ def test_open_metrics_name_no_corrector(api: dict, db: Any) -> None:
         db.commit()
         text = httpx.get(f"{api['url']}/metrics").text
         assert "beta-secret-project" not in text
-        assert f'gtr_corrector_tokens{{corrector="{made.json()["id"]}"}} 42.0' in text
+        # Open: registered correctors together, no registry id, no run id (issue 57 item 5).
+        assert 'gtr_corrector_tokens{corrector="registered"}' in text
+        assert f'corrector="{made.json()["id"]}"' not in text and "run_id=" not in text
+        # An admin token gets them per registry id.
+        assert _call(api, "GET", "/api/metrics", "alpha").status_code == 403
+        detail = _call(api, "GET", "/api/metrics", "ops").text
+        assert "beta-secret-project" not in detail
+        assert f'gtr_corrector_tokens{{corrector="{made.json()["id"]}"}} 42.0' in detail
     finally:
         fake.server.shutdown()
         fake.server.server_close()

@@ -1,11 +1,15 @@
-"""Liveness and readiness probes."""
+"""Liveness and readiness probes, and the API's detailed metrics for an admin."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from services.api.auth import require_admin
+from shared.db.models import ApiToken
 from shared.db.session import get_engine
 from shared.settings import get_settings
 
@@ -41,3 +45,18 @@ def readyz() -> JSONResponse:
     return JSONResponse(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
     )
+
+
+@router.get(
+    "/api/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def detailed_metrics(token: Annotated[ApiToken, Depends(require_admin)]) -> Response:
+    """The store's Prometheus series per corrector registry id and per run id (the open
+    ``/metrics`` aggregates them); an admin token, which sees every team."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from services.api.prom import api_registry
+
+    return Response(generate_latest(api_registry(detailed=True)), media_type=CONTENT_TYPE_LATEST)
