@@ -511,6 +511,15 @@ class TeacherConfig(_Strict):
     )
 
 
+class EvalProtocol(_Strict):
+    """The rules every greedy evaluation and probe of a run plays under, whatever it trains under:
+    a study gives all its arms of a task one (services/study/schemas.py), so RL4VLM's training
+    without early truncation does not change how its policy is scored."""
+
+    env: EnvConfig = Field(description="Env settings of the evaluation and probe episodes")
+    max_new_tokens: int = Field(ge=1, le=2048, description="Generation cap per greedy step")
+
+
 class MetricsConfig(_Strict):
     probe_states: int = Field(
         60,
@@ -550,6 +559,11 @@ class MetricsConfig(_Strict):
     )
     eval_every: int = Field(
         5, ge=1, le=100_000, description="Evaluate after every N-th update (and the last one)"
+    )
+    eval_protocol: EvalProtocol | None = Field(
+        None,
+        description="Env settings and token cap of the greedy evaluation, the start's and the "
+        "probe; None = the run's own env and generation.max_new_tokens",
     )
 
 

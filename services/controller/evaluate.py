@@ -8,10 +8,12 @@ is recorded as a step or counted in the env-step budget.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shared.schemas import RunConfig
+from shared.schemas import EvalProtocol, RunConfig
 from shared.seeds import eval_seed
 
 if TYPE_CHECKING:
@@ -33,6 +35,35 @@ class DealOutcome:
     episode_length: int
 
 
+def protocol(cfg: RunConfig) -> EvalProtocol:
+    """The run's evaluation protocol: its declared ``metrics.eval_protocol``, else its own env
+    and token cap. Frames for people are never drawn, so ``display_size`` is no part of it."""
+    declared = cfg.metrics.eval_protocol
+    env = declared.env if declared is not None else cfg.env
+    tokens = declared.max_new_tokens if declared is not None else cfg.generation.max_new_tokens
+    return EvalProtocol(env=env.model_copy(update={"display_size": 0}), max_new_tokens=tokens)
+
+
+def protocol_record(cfg: RunConfig) -> dict[str, Any]:
+    """What a run records of the protocol it was evaluated under (``runs.info``): the settings,
+    the deal count and the deal seeds' origin, and a short key two runs are compared by."""
+    p = protocol(cfg)
+    settings = {
+        "task": cfg.task,
+        "env": p.env.model_dump(mode="json"),
+        "max_new_tokens": p.max_new_tokens,
+        "episodes": cfg.metrics.eval_episodes,
+        "deals": "eval_seed(i) = 2**60 + i",
+    }
+    return settings | {"key": protocol_key(settings)}
+
+
+def protocol_key(settings: dict[str, Any]) -> str:
+    """A short hash of a protocol's settings (its ``key`` left out)."""
+    body = {k: v for k, v in settings.items() if k != "key"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def greedy_generate(
     policy: RolloutPolicy, observations: list[Any], max_new_tokens: int
 ) -> list[Generation]:
@@ -52,21 +83,21 @@ def greedy_generate(
 def evaluate_deals(
     envs: Envs, policy: RolloutPolicy, cfg: RunConfig, episodes: int
 ) -> list[DealOutcome]:
-    """Play deals 0..episodes-1 greedily in parallel; the outcome of each that finished."""
-    env = cfg.env.model_copy(update={"display_size": 0})  # never recorded: no frames for people
+    """Play deals 0..episodes-1 greedily in parallel, under the run's evaluation protocol
+    (``protocol``: the same rules for every arm of a study); the outcome of each that finished."""
+    rules = protocol(cfg)
+    env = rules.env  # never recorded: no frames for people
     seeds = [eval_seed(i) for i in range(episodes)]
     sessions = [envs.create(cfg.task, env, seed=seed) for seed in seeds]
     try:
         obs = {sid: envs.reset(sid) for sid in sessions}
         finished: dict[str, tuple[bool, float, int]] = {}
         # Every task truncates its episodes; the cap only guards against an env that would not.
-        for _ in range(cfg.env.max_episode_steps or 1000):
+        for _ in range(env.max_episode_steps or 1000):
             live = [sid for sid in sessions if sid not in finished]
             if not live:
                 break
-            gens = greedy_generate(
-                policy, [obs[sid] for sid in live], cfg.generation.max_new_tokens
-            )
+            gens = greedy_generate(policy, [obs[sid] for sid in live], rules.max_new_tokens)
             results = envs.step_batch([(sid, g.text) for sid, g in zip(live, gens, strict=True)])
             for sid, r in zip(live, results, strict=True):
                 obs[sid] = r.observation
@@ -85,14 +116,18 @@ def evaluate_deals(
     ]
 
 
-def summarize(outcomes: list[DealOutcome]) -> dict[str, float]:
-    """Success rate, mean return and length over the finished deals."""
+START_UPDATE = -1  # eval_outcomes.update_idx of the start's evaluation, before update 0
+
+
+def summarize(outcomes: list[DealOutcome], prefix: str = "eval/") -> dict[str, float]:
+    """Success rate, mean return and length over the finished deals (``eval_start/``: the
+    start's, recorded with update 0)."""
     n = max(len(outcomes), 1)
     return {
-        "eval/success_rate": sum(o.success for o in outcomes) / n,
-        "eval/episode_return": sum(o.episode_return for o in outcomes) / n,
-        "eval/episode_length": sum(o.episode_length for o in outcomes) / n,
-        "eval/episodes": float(len(outcomes)),
+        f"{prefix}success_rate": sum(o.success for o in outcomes) / n,
+        f"{prefix}episode_return": sum(o.episode_return for o in outcomes) / n,
+        f"{prefix}episode_length": sum(o.episode_length for o in outcomes) / n,
+        f"{prefix}episodes": float(len(outcomes)),
     }
 
 

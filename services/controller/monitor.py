@@ -11,12 +11,39 @@ from sqlalchemy.orm import Session
 from services.controller import metrics as M
 from services.controller import store
 from services.controller.backends import Envs
-from services.controller.evaluate import greedy_generate
+from services.controller.evaluate import greedy_generate, protocol
 from shared.schemas import RunConfig
 from shared.seeds import probe_seed
 
 if TYPE_CHECKING:
     from services.policy.protocol import RolloutPolicy
+
+
+# "Thought guidance drowned": the thought-SFT (or KL-to-teacher) term's share of the applied step
+# (sft/grad_share, services/trainer/service.py) under GUIDANCE_SHARE for GUIDANCE_UPDATES updates in
+# a row while its loss fell by less than GUIDANCE_FALL of its value at the window's start. Study
+# v3's GTR: share ~0.05 under one clip at 1.0, losses/sft 0.288 -> 0.219 over 60 updates.
+GUIDANCE_SHARE = 0.1
+GUIDANCE_UPDATES = 5
+GUIDANCE_FALL = 0.1
+SHARE, SFT_LOSS = "sft/grad_share", "losses/sft"
+
+
+def guidance_drowned(window: list[dict[str, Any]]) -> str | None:
+    """The alarm's reason when the last GUIDANCE_UPDATES updates' metrics (oldest first) show
+    the guidance drowned; None otherwise (too few updates, no SFT term, or it was learnt)."""
+    last = window[-GUIDANCE_UPDATES:]
+    if len(last) < GUIDANCE_UPDATES or any(SHARE not in m or SFT_LOSS not in m for m in last):
+        return None
+    shares = [float(m[SHARE]) for m in last]
+    first, now = float(last[0][SFT_LOSS]), float(last[-1][SFT_LOSS])
+    if max(shares) >= GUIDANCE_SHARE or now < first * (1 - GUIDANCE_FALL):
+        return None
+    return (
+        f"thought guidance drowned: the SFT term's share of the step stayed under "
+        f"{GUIDANCE_SHARE:.2f} (at most {max(shares):.3f}) for {GUIDANCE_UPDATES} updates while "
+        f"losses/sft did not fall ({first:.3f} -> {now:.3f})"
+    )
 
 
 class CollapseMonitor:
@@ -46,7 +73,7 @@ class CollapseMonitor:
 
         images = {sha for sha, _ in found}
         fallback: tuple[tuple[str, str], Any] | None = None
-        env = self.cfg.env.model_copy(update={"display_size": 0})  # never recorded
+        env = protocol(self.cfg).env  # the evaluation's rules; never recorded
         sid = self.envs.create(self.cfg.task, env, seed=seed)
         try:
             o = self.envs.reset(sid)
@@ -71,7 +98,7 @@ class CollapseMonitor:
         return str(self._parse(format_output(expert_output(self.cfg.task, state)), state).thought)
 
     def probe(self, probe: list[Any]) -> dict[str, float]:
-        gens = greedy_generate(self.policy, probe, self.cfg.generation.max_new_tokens)
+        gens = greedy_generate(self.policy, probe, protocol(self.cfg).max_new_tokens)
         views = []
         for o, g in zip(probe, gens, strict=True):
             p = self._parse(g.text, o.state)
@@ -100,7 +127,9 @@ class CollapseMonitor:
         from services.env import make_env
 
         if not hasattr(self, "_parser_env"):
-            self._parser_env: Any = make_env(self.cfg.task, self.cfg.env, seed=0).unwrapped
+            self._parser_env: Any = make_env(
+                self.cfg.task, protocol(self.cfg).env, seed=0
+            ).unwrapped
         return self._parser_env.parse(text)
 
     def relevant(self, thought: str, state: dict) -> bool:
@@ -115,6 +144,9 @@ class CollapseMonitor:
             m.min_relevance, m.max_top_thought_share, m.relevance_drop, m.alarm_warmup_updates
         )
         reason = M.alarm_reason(merged, self._best_relevance(s, u, merged), u, limits)
+        if reason is None and SHARE in merged:
+            earlier = store.metrics_before(s, self.run_id, u)[-(GUIDANCE_UPDATES - 1) :]
+            reason = guidance_drowned([*earlier, merged])
         merged.pop("alarm_reason", None)
         if reason is not None:
             merged["alarm_reason"] = reason

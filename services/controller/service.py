@@ -31,7 +31,13 @@ from services.controller.backends import Corrections, Envs, TrainerBackend, chec
 from services.controller.collector import RolloutCollector, last_values
 from services.controller.correction_book import CorrectionBook
 from services.controller.episodes import Episodes
-from services.controller.evaluate import DealOutcome, evaluate_deals, summarize
+from services.controller.evaluate import (
+    START_UPDATE,
+    DealOutcome,
+    evaluate_deals,
+    protocol_record,
+    summarize,
+)
 from services.controller.monitor import CollapseMonitor
 from services.controller.outages import Cancelled, Outages, check_cancel, is_interruption
 from services.controller.recorder import discard_after
@@ -88,6 +94,7 @@ class RunDriver:
         self.update_started: float | None = None  # wall time of an update, for update_s
         self.update_cpu: float | None = None  # this process's CPU time then, for update_cpu_s
         self.train_s: float | None = None
+        self.start_deals: list[DealOutcome] = []  # the start's evaluation, before update 0
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -119,6 +126,12 @@ class RunDriver:
         probe = self.monitor.states()
         if start == 0 and unfinished is None and probe:
             self.monitor.probe_start(probe)
+        if start == 0 and unfinished is None and self.cfg.metrics.eval_episodes:
+            # The start is a data point: the same deals and protocol, before any update.
+            set_phase(self.run_id, "evaluating")
+            self.start_deals = evaluate_deals(
+                self.envs, self.policy, self.cfg, self.cfg.metrics.eval_episodes
+            )
         if unfinished is not None:  # trained, its checkpoint loaded, but never probed/recorded
             self._finish_update(unfinished, probe)
         for u in range(start, self.cfg.train.num_updates):
@@ -219,6 +232,10 @@ class RunDriver:
             row, run = store.update_row(s, self.run_id, u), store.run_row(s, self.run_id)
             if deals:
                 store.record_eval_outcomes(s, self.run_id, u, deals)
+                run.info = {**(run.info or {}), "eval_protocol": protocol_record(self.cfg)}
+            if u == 0 and self.start_deals:
+                store.record_eval_outcomes(s, self.run_id, START_UPDATE, self.start_deals)
+                extra |= summarize(self.start_deals, "eval_start/")
             extra.update(self.book.figures(s, u))
             merged = {**row.metrics, **extra, **run_info_metrics(run.info, u, self.timings())}
             reason = self.monitor.alarm(s, u, merged)

@@ -105,7 +105,11 @@ def update_row(session: Session, run_id: int, update_idx: int) -> Update:
 
 def metrics_before(session: Session, run_id: int, update_idx: int) -> list[dict[str, Any]]:
     """The metrics of the run's updates before ``update_idx``."""
-    query = select(Update.metrics).where(Update.run_id == run_id, Update.idx < update_idx)
+    query = (
+        select(Update.metrics)
+        .where(Update.run_id == run_id, Update.idx < update_idx)
+        .order_by(Update.idx)
+    )
     return list(session.scalars(query).all())
 
 

@@ -25,11 +25,24 @@ class ComparisonOut(BaseModel):
     seeds: list[int] = Field(description="Seeds both arms finished")
     diffs: list[float] = Field(description="A - B per shared seed")
     mean_diff: IntervalOut = Field(description="Mean paired difference A - B with its interval")
-    p_value: float | None = Field(description="Two-sided sign-flip permutation p")
+    p_value: float | None = Field(description="Two-sided sign-flip permutation p (raw)")
+    p_holm: float | None = Field(
+        None,
+        description="Holm-adjusted p over the task's confirmatory comparisons of this metric "
+        "(statsmodels multipletests); the verdict rests on it. None: not confirmatory",
+    )
+    confirmatory: bool = Field(True, description="In the study's declared confirmatory family")
+    protocol_refused: list[int] = Field(
+        default_factory=list,
+        description="Seeds not paired: A's and B's runs were evaluated under different protocols",
+    )
     exact: bool = Field(description="Every sign pattern enumerated (else 100,000 sampled)")
     verdict: str = Field(description="'A > B' (A better), 'B > A', or 'not decided at N seeds'")
     winner: str | None = Field(description="The better arm when decided")
     effect_size: float | None = Field(description="Mean / sd of the differences (d_z)")
-    seeds_for_power: int | None = Field(description="Seeds the observed effect needs (80 %)")
+    seeds_for_power: int | None = Field(
+        description="Estimate: seeds at which the sign-flip test reaches 80 % power against "
+        "differences like the observed ones (normal, their mean and sd)"
+    )
     p_improvement: IntervalOut = Field(description="P(a run of A beats a run of B)")
     runs: list[int] = Field(description="Run ids of both arms on the shared seeds")

@@ -62,6 +62,16 @@ class ArmScore(BaseModel):
         None, description="Mean with a two-level (seeds, then deals) bootstrap interval"
     )
     runs: dict[int, int] = Field(description="Seed -> run id of the scored run")
+    change_from_start: IntervalOut | None = Field(
+        None,
+        description="Mean over seeds of the run's score minus its start's (the same metric "
+        "before update 0, same deals and protocol), with its bootstrap interval",
+    )
+    sft_share: float | None = Field(
+        None,
+        description="Mean over its runs and updates of sft/grad_share: the thought-SFT (or "
+        "KL-to-teacher) gradient's share of the applied step; None: no such term",
+    )
 
 
 class MetricBlock(BaseModel):
@@ -73,6 +83,14 @@ class MetricBlock(BaseModel):
     higher_is_better: bool
     arms: list[ArmScore]
     comparisons: list[ComparisonOut]
+    start: IntervalOut | None = Field(
+        None,
+        description="The start (the seed's starting weights before update 0, evaluated on the "
+        "same deals under the same protocol), mean over seeds with its interval",
+    )
+    start_scores: dict[int, float] = Field(
+        default_factory=dict, description="Seed -> the start's value (one per seed, shared)"
+    )
 
 
 class CurvePointOut(BaseModel):
@@ -91,10 +109,17 @@ class Curve(BaseModel):
 
 class DealSpace(BaseModel):
     size: int | None = Field(description="Distinct deals the task can deal (None: not counted)")
-    eval_deals: int = Field(description="Distinct evaluation deals the runs stored")
+    eval_episodes: int = Field(0, description="Evaluation episodes per evaluation (deal seeds)")
+    eval_deals: int = Field(
+        description="Distinct deals (by content) among the evaluation episodes; equals "
+        "eval_episodes where the content is not known"
+    )
     in_training: int | None = Field(
-        description="Evaluation deals whose content also started a training episode of these "
-        "runs (None: the task's deal content is not known)"
+        description="Distinct evaluation deals whose content also started a training episode "
+        "of these runs (None: the task's deal content is not known)"
+    )
+    held_out: bool | None = Field(
+        None, description="No evaluation deal was dealt in training (None: not known)"
     )
 
 
@@ -159,6 +184,16 @@ class GroupReport(BaseModel):
         "init_weights_sha256 differ): the paired comparison at such a seed is not like for like",
     )
     cost: list[ArmCost] = Field(default_factory=list, description="What a run of each arm took")
+    protocol: dict[str, Any] | None = Field(
+        None,
+        description="The evaluation protocol the group's finished runs were scored under (env "
+        "settings, token cap, deals; services/controller/evaluate.py). Runs under another are "
+        "never paired with them",
+    )
+    protocol_runs: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Protocol key -> the finished runs evaluated under it, when more than one",
+    )
 
 
 class StudyReport(BaseModel):
@@ -194,13 +229,16 @@ def build_report(session: Session, study_id: int, team: str | None = None) -> St
     latest = _latest_attempts(runs)
     curves = _curves(session, [r.id for r in runs])
     blocks = _metric_specs(study, primary, curves)
-    groups, grouped = [], []
+    groups, grouped, built = [], [], []
     for (task, variant), cell_runs in _groups(spec, latest).items():
         arms = _arm_order(spec, cell_runs)
         group = _group(session, task, variant, arms, cell_runs, blocks, curves)
         if spec is not None and variant:
             group.shared_arms = [a for a in spec.shared_arms if a in arms]
         groups.append(group)
+        built.append((task, variant, cell_runs))
+    adjust_holm(groups, spec.confirmatory if spec is not None else [])
+    for group, (task, variant, cell_runs) in zip(groups, built, strict=True):
         done = {k: r for k, r in cell_runs.items() if r.status == RUN_DONE}
         axis = spec.axis if spec is not None else None
         pair = _oriented(group.primary, axis.a, axis.b) if axis is not None else None
@@ -346,8 +384,16 @@ def _group(
     curves: dict[int, dict[str, list[tuple[int, float]]]],
 ) -> GroupReport:
     done = {k: r for k, r in cell_runs.items() if r.status == RUN_DONE}
-    judged = [_block(session, spec, role, arms, done, curves) for spec, role in blocks]
+    keys = {run.id: protocol_of(run) for run in done.values()}
+    judged = [_block(session, spec, role, arms, done, curves, keys) for spec, role in blocks]
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for run_id, record in keys.items():
+        by_key[str(record.get("key"))].append(run_id)
+    main = max(by_key, key=lambda k: len(by_key[k]), default=None)
+    protocol = next((r for r in keys.values() if str(r.get("key")) == main), None)
     return GroupReport(
+        protocol=protocol,
+        protocol_runs=dict(by_key) if len(by_key) > 1 else {},
         task=task,
         variant=variant,
         arms=arms,
@@ -399,14 +445,24 @@ def _block(
     arms: list[str],
     done: dict[tuple[str, int], Run],
     curves: dict[int, dict[str, list[tuple[int, float]]]],
+    protocols: dict[int, dict[str, Any]],
 ) -> MetricBlock:
     scores: dict[str, dict[int, float]] = {arm: {} for arm in arms}
     run_of: dict[str, dict[int, int]] = {arm: {} for arm in arms}
+    starts: dict[str, dict[int, float]] = {arm: {} for arm in arms}
+    start_metric = start_key(spec.metric)
     for (arm, seed), run in done.items():
         value = spec.score(curves.get(run.id, {}).get(spec.metric, []))
         if value is not None:
             scores[arm][seed] = value
             run_of[arm][seed] = run.id
+            begun = curves.get(run.id, {}).get(start_metric or "", [])
+            if begun:
+                starts[arm][seed] = begun[0][1]
+    start_scores: dict[int, float] = {}
+    for arm in arms:  # one start per seed: the arms of a seed share their starting weights
+        for seed, value in starts[arm].items():
+            start_scores.setdefault(seed, value)
     arm_scores = []
     for arm in arms:
         values = [scores[arm][s] for s in sorted(scores[arm])]
@@ -423,13 +479,19 @@ def _block(
                 median=float(np.median(values)) if values else None,
                 deals=deals,
                 runs=run_of[arm],
+                change_from_start=_change(scores[arm], starts[arm]),
+                sft_share=_sft_share(list(run_of[arm].values()), curves),
             )
         )
     comparisons = []
     for a, b in combinations(arms, 2):
-        c = st.compare_paired(
-            scores[a], scores[b], names=(a, b), higher_is_better=spec.higher_is_better
-        )
+        key = {
+            arm: {s: str(protocols[r].get("key")) for s, r in run_of[arm].items()} for arm in (a, b)
+        }
+        refused = sorted(s for s in set(key[a]) & set(key[b]) if key[a][s] != key[b][s])
+        sa = {s: v for s, v in scores[a].items() if s not in refused}
+        sb = {s: v for s, v in scores[b].items() if s not in refused}
+        c = st.compare_paired(sa, sb, names=(a, b), higher_is_better=spec.higher_is_better)
         pa = [scores[a][s] for s in c.seeds]
         pb = [scores[b][s] for s in c.seeds]
         poi = (
@@ -452,8 +514,11 @@ def _block(
                 seeds_for_power=c.seeds_for_power,
                 p_improvement=IntervalOut.of(poi),
                 runs=[run_of[a][s] for s in c.seeds] + [run_of[b][s] for s in c.seeds],
+                protocol_refused=refused,
             )
         )
+        if refused and not c.seeds:
+            comparisons[-1].verdict = "refused: evaluated under different protocols"
     return MetricBlock(
         metric=spec.metric,
         label=spec.label(),
@@ -461,7 +526,74 @@ def _block(
         higher_is_better=spec.higher_is_better,
         arms=arm_scores,
         comparisons=comparisons,
+        start=IntervalOut.of(st.seed_interval(list(start_scores.values())))
+        if start_scores
+        else None,
+        start_scores=start_scores,
     )
+
+
+def start_key(metric: str) -> str | None:
+    """The update-0 metric that holds ``metric``'s value at the start (before update 0)."""
+    if metric.startswith("eval/"):
+        return "eval_start/" + metric.removeprefix("eval/")
+    return "probe_relevance_start" if metric == "probe_relevance" else None
+
+
+def _change(scores: dict[int, float], starts: dict[int, float]) -> IntervalOut | None:
+    seeds = sorted(set(scores) & set(starts))
+    if not seeds:
+        return None
+    return IntervalOut.of(st.seed_interval([scores[s] - starts[s] for s in seeds]))
+
+
+SFT_SHARE = "sft/grad_share"  # services/trainer: the SFT term's share of the applied step
+
+
+def _sft_share(
+    run_ids: list[int], curves: dict[int, dict[str, list[tuple[int, float]]]]
+) -> float | None:
+    values = [v for r in run_ids for _, v in curves.get(r, {}).get(SFT_SHARE, [])]
+    return sum(values) / len(values) if values else None
+
+
+def protocol_of(run: Run) -> dict[str, Any]:
+    """The evaluation protocol a run recorded (``runs.info``), else the one its config implies
+    (a run recorded before protocols were: its own env and token cap)."""
+    from services.controller.evaluate import protocol_record
+    from shared.schemas import RunConfig
+
+    recorded = (run.info or {}).get("eval_protocol")
+    if isinstance(recorded, dict) and recorded.get("key"):
+        return recorded
+    try:
+        return protocol_record(RunConfig.model_validate(run.config))
+    except (ValidationError, ValueError):
+        return {"key": None}
+
+
+def adjust_holm(groups: list[GroupReport], confirmatory: list[list[str]]) -> None:
+    """Holm over each task's confirmatory comparisons of each metric (all its variants'), in
+    place; a verdict then needs the adjusted p below alpha (and the interval off 0). With no
+    declared family every pair of arms within a variant is confirmatory."""
+    family = {frozenset(pair) for pair in confirmatory}
+    tasks: dict[tuple[str, str], list[ComparisonOut]] = defaultdict(list)
+    for g in groups:
+        for block in [g.primary, *g.secondary]:
+            for c in block.comparisons:
+                c.confirmatory = not family or frozenset((c.a, c.b)) in family
+                if c.confirmatory and c.p_value is not None:
+                    tasks[(g.task, block.metric)].append(c)
+                elif not c.confirmatory and c.winner is not None:
+                    c.winner, c.verdict = None, "exploratory: outside the confirmatory family"
+    for comparisons in tasks.values():
+        adjusted = st.holm([float(c.p_value) for c in comparisons if c.p_value is not None])
+        for c, p in zip(comparisons, adjusted, strict=True):
+            c.p_holm = p
+            if c.winner is not None and p >= st.ALPHA:
+                c.winner = None
+                n = len(c.seeds)
+                c.verdict = f"not decided at {n} seed{'' if n == 1 else 's'} after Holm"
 
 
 def _deal_outcomes(session: Session, spec: MetricSpec, run_ids: list[int]) -> list[list[float]]:

@@ -130,10 +130,26 @@ class TaskSpec(_Strict):
         "(e.g. fewer on a costlier task); None = the study's",
     )
 
+    evaluation: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The task's evaluation protocol, over the one taken from the task: `env` "
+        "(env settings, merged over the base config's, a variant's applied) and "
+        "`max_new_tokens` (default the base's generation cap). Every arm's greedy evaluation, "
+        "start and probe play under it, whatever the arm trains under",
+    )
+
     @field_validator("base")
     @classmethod
     def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_free_form(value, "base")
+
+    @field_validator("evaluation")
+    @classmethod
+    def _evaluation(cls, value: dict[str, Any]) -> dict[str, Any]:
+        extra = set(value) - {"env", "max_new_tokens"}
+        if extra:
+            raise ValueError(f"evaluation: unknown key {sorted(extra)[0]!r} (env, max_new_tokens)")
+        return check_free_form(value, "evaluation")
 
     @field_validator("seeds")
     @classmethod
@@ -197,6 +213,13 @@ class StudyConfig(_Strict):
     )
     eval_episodes: int = Field(
         64, ge=1, le=1000, description="Greedy deals per evaluation (metrics.eval_episodes)"
+    )
+    confirmatory: list[list[str]] = Field(
+        default_factory=list,
+        max_length=200,
+        description="The confirmatory comparisons, pairs [A, B] of arms: each task's family "
+        "whose p-values Holm adjusts and whose verdicts count; empty = every pair of arms "
+        "within a variant. Other pairs are reported as exploratory",
     )
     concurrency: int = Field(
         2, ge=1, le=256, description="Full stack: runs of the study queued or running at once"
@@ -277,6 +300,10 @@ class StudyConfig(_Strict):
 
     def _check_questions(self) -> None:
         named = [("trends", t.arm) for t in self.trends]
+        for pair in self.confirmatory:
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ValueError(f"confirmatory: {pair!r} is not a pair of two different arms")
+            named += [("confirmatory", arm) for arm in pair]
         if self.axis is not None:
             named += [("axis.a", self.axis.a), ("axis.b", self.axis.b)]
             if self.axis.a == self.axis.b:
@@ -330,9 +357,18 @@ class StudyConfig(_Strict):
     def run_config(self, cell: Cell) -> RunConfig:
         """The cell's run config: base <- arm <- variant, then the study's seed, budget and
         evaluation deal count. A ValueError names the cell when the result is not valid."""
-        raw = merge(self.tasks[cell.task].base, self.arms[cell.arm])
+        task = self.tasks[cell.task]
+        raw = merge(task.base, self.arms[cell.arm])
+        # The protocol comes from the task (and variant), never the arm: every arm of a group
+        # is scored under the same rules.
+        judged = merge(task.base, self.variants[cell.variant]) if cell.variant else task.base
         if cell.variant:
             raw = merge(raw, self.variants[cell.variant])
+        raw.setdefault("metrics", {})["eval_protocol"] = {
+            "env": merge(judged.get("env") or {}, task.evaluation.get("env") or {}),
+            "max_new_tokens": task.evaluation.get("max_new_tokens")
+            or (judged.get("generation") or {}).get("max_new_tokens", 64),
+        }
         raw["seed"] = cell.seed
         raw["name"] = run_name(self.name, cell)
         raw.setdefault("metrics", {})["eval_episodes"] = self.eval_episodes

@@ -239,20 +239,72 @@ def seeds_for_power(effect_size: float, alpha: float = ALPHA, power: float = POW
     return None
 
 
+POWER_SIMULATIONS = 400  # simulated studies per seed count (the power is an estimate)
+POWER_MAX_SEEDS = 40  # beyond this, "more than 40"
+POWER_PATTERNS = 4_096  # sign patterns per simulated study above 12 seeds (sampled)
+
+
+def sign_flip_power(
+    mean: float, sd: float, n: int, alpha: float = ALPHA, sims: int = POWER_SIMULATIONS
+) -> float:
+    """Estimated power of the two-sided sign-flip test at n seeds when the paired differences
+    are normal with the observed mean and sd: the share of simulated studies whose sign-flip p
+    is below alpha (every pattern enumerated up to 12 seeds, POWER_PATTERNS sampled above)."""
+    if n < min_seeds_for_alpha(alpha):
+        return 0.0
+    rng = _rng()
+    diffs = rng.normal(mean, sd, size=(sims, n))
+    if n <= 12:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = rng.choice([-1, 1], size=(POWER_PATTERNS, n))
+    observed = np.abs(diffs.mean(axis=1))  # (sims,)
+    flipped = np.abs(signs @ diffs.T) / n  # (patterns, sims)
+    p = (flipped >= observed[None, :] - 1e-12).mean(axis=0)
+    return float((p < alpha).mean())
+
+
+def sign_flip_seeds_for_power(
+    mean: float, sd: float, alpha: float = ALPHA, power: float = POWER
+) -> int | None:
+    """The fewest seeds at which the sign-flip test, the one the verdicts use, reaches `power`
+    against differences like the observed ones (normal, their mean and sd): an estimate from a
+    few noisy runs. None when no effect was observed or more than POWER_MAX_SEEDS are needed."""
+    if mean == 0 or not math.isfinite(mean) or not math.isfinite(sd):
+        return None
+    floor = min_seeds_for_alpha(alpha)
+    if sd == 0:
+        return floor
+    # The t-test's n is a near lower bound (the permutation test is a little less powerful).
+    guess = seeds_for_power(mean / sd, alpha, power)
+    start = max(floor, math.ceil(guess) - 1 if guess is not None else floor)
+    for n in range(min(start, POWER_MAX_SEEDS), POWER_MAX_SEEDS + 1):
+        if sign_flip_power(mean, sd, n, alpha) >= power:
+            return n
+    return None
+
+
+def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (statsmodels' multipletests), in
+    the order given: the family-wise error of verdicts on the adjusted p stays below alpha."""
+    if not p_values:
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(x) for x in multipletests(list(p_values), alpha=alpha, method="holm")[1]]
+
+
 def _seeds_needed(diffs: np.ndarray, alpha: float, power: float) -> tuple[float | None, int | None]:
-    """Effect size d_z and the seeds needed: the t-test's n, but never fewer than the sign-flip
-    test needs to reach alpha at all (identical differences have an infinite d_z)."""
+    """Effect size d_z and the seeds the sign-flip test needs at 80 % power against
+    differences like the observed ones (``sign_flip_seeds_for_power``: an estimate)."""
     if diffs.size < 2:
         return None, None
     mean, sd = float(diffs.mean()), float(diffs.std(ddof=1))
     if mean == 0:
         return 0.0, None
-    floor = min_seeds_for_alpha(alpha)
     if sd == 0:
-        return None, floor
-    d = mean / sd
-    nobs = seeds_for_power(d, alpha, power)
-    return d, None if nobs is None else max(math.ceil(nobs - 1e-9), floor)
+        return None, min_seeds_for_alpha(alpha)
+    return mean / sd, sign_flip_seeds_for_power(mean, sd, alpha, power)
 
 
 def compare_paired(

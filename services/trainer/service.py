@@ -317,15 +317,9 @@ class Trainer:
                     None if g is None else self.accelerator.reduce(g, reduction="mean")
                     for g in sft_grads
                 ]
-        clipped = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        norms = {"grad_norm": float(clipped)}
-        if sft_grads is not None:
-            # Each term clipped on its own, then summed: the SFT term keeps its size however
-            # large the PPO gradient is (docs/training.md, "Balancing PPO and SFT").
-            norms["grad_norm/sft"] = float(clip_tensors(sft_grads, self.cfg.max_grad_norm))
-            for p, g in zip(self.params, sft_grads, strict=True):
-                if g is not None:
-                    p.grad = g if p.grad is None else p.grad + g
+        norms = step_gradients(
+            self.params, sft_grads, self.cfg.max_grad_norm, self.cfg.clip_per_loss
+        )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norms
@@ -364,7 +358,7 @@ class Trainer:
                     sft, s = self.sft_loss(examples)
                     stats = _append(stats, s)
                     weight = sft_coef * scale
-                    if self.cfg.clip_per_loss and use_ppo:
+                    if use_ppo:  # its own gradient: its norm and share of the step recorded
                         self._accumulate_sft(weight * sft / self.cfg.grad_accum)
                     else:
                         loss = loss + weight * sft
@@ -378,6 +372,10 @@ class Trainer:
         self.scheduler.step()
         self.update_idx += 1
         metrics = {k: float(np.mean(v)) for k, v in stats.items()}
+        if use_sft and not use_ppo and "grad_norm" in metrics:  # sft_only: the step is all SFT
+            metrics |= {SFT_NORM: metrics["grad_norm"], SFT_SHARE: 1.0}
+        elif self.algorithm in SFT_ALGORITHMS and SFT_SHARE not in metrics:
+            metrics |= {SFT_NORM: 0.0, SFT_SHARE: 0.0}  # nothing to imitate yet: no guidance
         returns_t, values_t = ret.cpu(), torch.as_tensor(rollout.values, dtype=torch.float32)
         metrics |= {
             "lr": lr,
@@ -516,6 +514,48 @@ def clip_tensors(grads: list[Tensor | None], max_norm: float) -> Tensor:
     for g in present:
         g.mul_(scale)
     return norm
+
+
+SFT_NORM = "sft/grad_norm"  # the thought-SFT term's gradient norm, before any clipping
+SFT_SHARE = "sft/grad_share"  # its part of the applied step (docs/training.md)
+
+
+def step_gradients(
+    params: list[torch.nn.Parameter],
+    sft_grads: list[Tensor | None] | None,
+    max_norm: float,
+    per_loss: bool,
+) -> dict[str, float]:
+    """Clip the accumulated gradients (``p.grad``: PPO and value) and the thought-SFT term's
+    (kept apart) into the step the optimiser applies; returns the norms before clipping and
+    the SFT term's share of the step: its norm in the step over the sum of both parts' norms.
+    per_loss: each part clipped to ``max_norm`` on its own, then summed (the SFT term keeps its
+    size however large the PPO gradient is); else the sum is clipped as one, the reference's
+    single clip, under which a PPO gradient of norm 10 leaves an SFT one of 0.5 a 5 % share."""
+    if sft_grads is None:
+        return {"grad_norm": float(torch.nn.utils.clip_grad_norm_(params, max_norm))}
+    if per_loss:
+        rest = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # PPO part, on its own
+        sft = float(clip_tensors(sft_grads, max_norm))
+        part, other = min(sft, max_norm), min(rest, max_norm)
+    else:
+        rest = float(_norm([p.grad for p in params]))
+        sft = part = float(_norm(sft_grads))
+        other = rest
+    for p, g in zip(params, sft_grads, strict=True):
+        if g is not None:
+            p.grad = g if p.grad is None else p.grad + g
+    norms = {SFT_NORM: sft, SFT_SHARE: part / max(part + other, 1e-12)}
+    if per_loss:
+        return norms | {"grad_norm": rest, "grad_norm/sft": sft}
+    return norms | {"grad_norm": float(torch.nn.utils.clip_grad_norm_(params, max_norm))}
+
+
+def _norm(grads: list[Tensor | None]) -> Tensor:
+    present = [g for g in grads if g is not None]
+    if not present:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in present]))
 
 
 def unique_trainable(params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:

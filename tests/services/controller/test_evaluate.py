@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from services.controller.console import summary_columns
-from services.controller.evaluate import evaluate, evaluate_deals
+from services.controller.evaluate import evaluate, evaluate_deals, protocol_record
 from services.env.service import EnvPool
 from shared.schemas import RunConfig
 from shared.seeds import eval_seed
@@ -86,3 +86,37 @@ def test_evaluation_is_paired_the_same_deals_every_time(episodes: int) -> None:
     a = evaluate(pool, Babbler(), _cfg(), episodes=episodes)
     b = evaluate(pool, Babbler(), _cfg(), episodes=episodes)
     assert a == b
+
+
+class TokenCounter(Babbler):
+    """Records the token cap each greedy call was given."""
+
+    def __init__(self) -> None:
+        self.caps: list[int] = []
+
+    def generate(self, images: list[Any], prompts: list[str], **kw: Any) -> list[_Gen]:
+        self.caps.append(kw["max_new_tokens"])
+        return super().generate(images, prompts, **kw)
+
+
+def test_the_evaluation_plays_under_the_declared_protocol_not_the_training_env() -> None:
+    """Two runs that train under different env rules are scored under one protocol: the same
+    episodes, the same token cap, the same recorded protocol key."""
+    protocol = {"env": {"image_size": 64, "invalid_action": "noop", "max_episode_steps": 3},
+                "max_new_tokens": 24}  # fmt: skip
+    a = _cfg(metrics={"eval_protocol": protocol})
+    b = RunConfig.model_validate(
+        {"task": "numberline", "env": {"image_size": 64, "invalid_action": "random",
+         "max_episode_steps": 9}, "generation": {"max_new_tokens": 50},
+         "metrics": {"eval_protocol": protocol}}
+    )  # fmt: skip
+    pool, policy = EnvPool(), TokenCounter()
+    outcomes = evaluate_deals(pool, policy, a, episodes=6)
+    assert {o.episode_length for o in outcomes} == {3}  # the protocol's limit, not the env's 10
+    assert set(policy.caps) == {24}
+    assert evaluate_deals(pool, Babbler(), b, episodes=6) == outcomes
+    ka, kb = protocol_record(a), protocol_record(b)
+    assert ka["key"] == kb["key"] and ka["env"]["max_episode_steps"] == 3
+    # Without a declared protocol a run is evaluated under its own env, and says so.
+    own = protocol_record(_cfg())
+    assert own["key"] != ka["key"] and own["env"]["invalid_action"] == "noop"

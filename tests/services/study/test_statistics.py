@@ -13,12 +13,15 @@ from services.study.statistics import (
     compare_paired,
     curve_band,
     deal_seed_interval,
+    holm,
     iqm,
     min_seeds_for_alpha,
     probability_of_improvement,
     seed_interval,
     seeds_for_power,
     sign_flip_p,
+    sign_flip_power,
+    sign_flip_seeds_for_power,
 )
 
 
@@ -211,7 +214,31 @@ def test_comparison_reports_the_seeds_its_effect_needs() -> None:
     d = np.mean(diffs) / np.std(diffs, ddof=1)
     assert c.effect_size == pytest.approx(d)
     n = c.seeds_for_power
-    assert paired_t_power(d, n) >= 0.8 > paired_t_power(d, n - 1)
+    assert n is not None
+    # The sign-flip test the verdict uses, at the observed mean and sd: an estimate by simulation.
+    mean, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
+    assert sign_flip_power(mean, sd, n) >= 0.8 > sign_flip_power(mean, sd, n - 1)
+    assert paired_t_power(d, n) >= 0.8  # never fewer seeds than the t-test would want
+
+
+def test_sign_flip_power_counts_the_seeds_the_permutation_test_needs() -> None:
+    """Below 6 seeds the sign-flip test cannot reach p < 0.05 at all, whatever the effect; at a
+    large effect 6 suffice; at a moderate one it wants more seeds than the paired t-test."""
+    assert sign_flip_power(1.0, 0.1, 5) == 0.0
+    assert sign_flip_power(1.0, 0.1, 6) == 1.0
+    assert sign_flip_seeds_for_power(1.0, 0.0) == 6
+    assert sign_flip_seeds_for_power(0.0, 1.0) is None
+    n = sign_flip_seeds_for_power(1.0, 1.0)
+    assert n is not None and n >= math.ceil(seeds_for_power(1.0) or 0)
+
+
+def test_holm_adjusts_a_family_like_statsmodels() -> None:
+    """v3's one 'decided' p (0.031, the smallest six seeds give) among 9 comparisons: 0.28."""
+    p = [0.03125, 0.2, 0.5, 0.04, 0.6, 0.7, 0.9, 0.1, 0.3]
+    adjusted = holm(p)
+    assert adjusted[0] == pytest.approx(0.28125)
+    assert all(a >= r for a, r in zip(adjusted, p, strict=True))
+    assert holm([]) == []
 
 
 # ---- probability of improvement and curves -----------------------------------------------------

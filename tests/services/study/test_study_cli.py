@@ -144,9 +144,25 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: 
         reused = [bool(r.info["warm_start"]["reused"]) for r in runs]
         assert reused == [False, True, False, True]
         outcomes = s.scalars(select(EvalOutcome)).all()
-    # 8 deals after each of the 3 updates of each run, dealt from the evaluation seed space.
-    assert len(outcomes) == 4 * 3 * 8
+    # 8 deals before update 0 (the start) and after each of the 3 updates of each run, dealt
+    # from the evaluation seed space.
+    assert len(outcomes) == 4 * (1 + 3) * 8
+    assert sum(o.update_idx == -1 for o in outcomes) == 4 * 8
     assert {(o.deal, o.seed) for o in outcomes} == {(d, eval_seed(d)) for d in range(8)}
+    # The report's JSON: the one protocol every arm was scored under, the start (one per seed,
+    # shared by both arms) and each arm's change from it, Holm-adjusted p beside the raw one.
+    got = gtr_cli("study", "report", "1", "--json", env=env)
+    data = json.loads(got.stdout)
+    (g,) = data["groups"]
+    assert g["protocol"]["key"] and g["protocol"]["episodes"] == 8 and not g["protocol_runs"]
+    assert g["protocol"]["env"]["early_truncation"] == "off"  # the task's, not an arm's
+    primary = g["primary"]
+    assert sorted(primary["start_scores"]) == ["0", "1"] and primary["start"]["n"] == 2
+    assert all(a["change_from_start"]["n"] == 2 for a in primary["arms"])
+    (c,) = primary["comparisons"]
+    assert c["p_holm"] is not None and c["p_holm"] >= c["p_value"] and c["confirmatory"]
+    gtr = next(a for a in primary["arms"] if a["arm"] == "gtr")
+    assert gtr["sft_share"] is not None and gtr["sft_share"] >= 0
     again = gtr_cli("study", "run", str(DEMO), env=env, timeout=300)  # resumes: nothing to rerun
     assert again.returncode == 0 and "started" not in again.stdout, again.stdout
     with session_scope(url) as s:  # the ETA's divisor: the processes of the last invocation

@@ -176,6 +176,10 @@ def test_clip_per_loss_keeps_sft_learning_under_a_huge_ppo_gradient(tiny_dir: Pa
     assert "grad_norm/sft" not in m_together and m_apart["grad_norm/sft"] > 0
     assert m_apart["grad_norm"] > 100 * m_apart["grad_norm/sft"]  # the premise: PPO dominates
     assert apart < 0.5 * together
+    # Every update records the SFT term's gradient and its share of the applied step: drowned
+    # under the single clip, its own half of the step when each part is clipped apart.
+    assert m_together["sft/grad_norm"] > 0 and m_apart["sft/grad_norm"] > 0
+    assert 0 < m_together["sft/grad_share"] < m_apart["sft/grad_share"] <= 1
 
 
 def test_a_variant_leaves_the_arms_it_lists_as_unchanged_exactly_as_they_were(
