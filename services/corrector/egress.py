@@ -2,8 +2,9 @@
 
 Outbound calls refuse loopback, private, link-local (cloud metadata at 169.254.169.254 included),
 multicast, reserved and unspecified addresses, checked on every address the host name resolves
-to, so a name, a decimal-encoded IP (``http://2130706433/``) or an IPv4-mapped IPv6 address
-cannot reach them either. An operator with a corrector on the same host or LAN allows them with
+to, so a name, a decimal-encoded IP (``http://2130706433/``) or an IPv6 form embedding an IPv4
+address (IPv4-mapped, 6to4, NAT64, Teredo: judged by that IPv4 address) cannot reach them
+either. An operator with a corrector on the same host or LAN allows them with
 GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS=true.
 
 Redirects are never followed (a public host answering 307 to an internal one would otherwise
@@ -34,10 +35,31 @@ _SECRETISH = re.compile(r"(?i)(bearer\s+\S+|authorization\S*\s*\S+|sk-[A-Za-z0-9
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries: IPv4-mapped (``::ffff:a.b.c.d``), 6to4
+    (``2002::/16``), NAT64 (``64:ff9b::/96``, ``64:ff9b:1::/48``) or Teredo's client
+    (``2001::/32``); None for a plain IPv6 address."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if any(address in net for net in _NAT64):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def blocked(address: IpAddress) -> bool:
-    """An address a corrector call may not reach unless private networks are allowed."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """An address a corrector call may not reach unless private networks are allowed; an IPv6
+    form embedding an IPv4 address is judged by the IPv4 address it leads to."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None:
+            return blocked(inner)
     return (
         address in _METADATA
         or address.is_loopback

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import ipaddress
 import json
 import re
 import threading
@@ -26,6 +27,7 @@ from sqlalchemy import func, select
 
 from services.api.app import create_app
 from services.api.auth import create_token
+from services.corrector.egress import blocked
 from services.corrector.tasks import correct as correct_task
 from services.env.app import create_app as env_app
 from services.study.bundle import BundleError, import_study, read_bundle
@@ -33,7 +35,7 @@ from services.study.schemas import StudyConfig
 from shared.db import models
 from shared.db.session import session_scope
 from shared.paths import GAMES_NOT_FOUND
-from shared.settings import Settings
+from shared.settings import Settings, get_settings
 from tests.conftest import ROOT, RealRun, free_port, live_server, need
 from tests.services.corrector.helpers import make_step
 from tests.services.study.tiny_study import gtr_cli
@@ -534,3 +536,36 @@ def test_ipv6_clients_are_counted_per_64() -> None:
         assert wrong("2001:db8:1:2:ffff:ffff:ffff:ffff") == 429
         # the next /64 is another client
         assert wrong("2001:db8:1:3::1") == 401
+
+
+# ---- 6: IPv6 forms embedding an IPv4 address ----------------------------------------------------
+
+
+@pytest.fixture
+def no_private(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS", "false")
+    get_settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+EMBEDDED = {
+    "6to4 of 127.0.0.1": "2002:7f00:1::1",
+    "6to4 of the cloud metadata": "2002:a9fe:a9fe::",
+    "6to4 of 10.0.0.1": "2002:a00:1::1",
+    "NAT64 of 127.0.0.1": "64:ff9b::7f00:1",
+    "NAT64 of 192.168.1.1": "64:ff9b::c0a8:101",
+    "Teredo to 10.0.0.1": "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+}
+
+
+def test_ipv6_forms_embedding_an_internal_ipv4_are_refused(api: dict, no_private: None) -> None:
+    for i, (what, address) in enumerate(EMBEDDED.items()):
+        body = {"name": f"embedded-{i}", "kind": "http", "base_url": f"http://[{address}]:9/v1"}
+        made = _call(api, "POST", "/api/correctors", "alpha-admin", json=body)
+        assert made.status_code == 422, (what, made.text)
+        assert "loopback, private, link-local or reserved" in made.text, (what, made.text)
+    # judged by the IPv4 address they lead to: a public one is not refused for its form
+    assert not blocked(ipaddress.ip_address("2002:808:808::1"))
+    assert not blocked(ipaddress.ip_address("64:ff9b::808:808"))
