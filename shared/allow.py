@@ -43,6 +43,11 @@ class AllowEveryMethod:
                     re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(p)) + "$"),
                     ", ".join(sorted(m.upper() for m in item if m in _METHODS)),
                 )
-                for p, item in self.documented.openapi().get("paths", {}).items()
+                # a literal path before a templated one it also matches (/envs/step is not
+                # /envs/{session_id}): fewer parameters first
+                for p, item in sorted(
+                    self.documented.openapi().get("paths", {}).items(),
+                    key=lambda kv: kv[0].count("{"),
+                )
             ]
         return next((allow for pattern, allow in self._paths if pattern.match(path)), None)

@@ -46,7 +46,8 @@ def _check_key(value: SecretStr | None, allow_empty: bool) -> SecretStr | None:
 
 
 class CorrectorCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON 0 is no boolean, "1" no number (schemathesis --checks all)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(
         min_length=1,
@@ -83,7 +84,8 @@ class CorrectorCreate(BaseModel):
 
 
 class CorrectorPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON 0 is no boolean, "1" no number (schemathesis --checks all)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     base_url: str | None = Field(default=None, max_length=500)
     model: str | None = Field(default=None, max_length=200)
@@ -127,7 +129,8 @@ class CorrectorOut(BaseModel):
 
 
 class CorrectorTest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON 0 is no boolean, "1" no number (schemathesis --checks all)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     task: Task = Field(default="numberline", description="Task whose rendered state is sent")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the sample state")

@@ -569,3 +569,32 @@ def test_ipv6_forms_embedding_an_internal_ipv4_are_refused(api: dict, no_private
     # judged by the IPv4 address they lead to: a public one is not refused for its form
     assert not blocked(ipaddress.ip_address("2002:808:808::1"))
     assert not blocked(ipaddress.ip_address("64:ff9b::808:808"))
+
+
+# ---- 8: what schemathesis --checks all found ----------------------------------------------------
+
+
+def test_strict_types_and_the_allow_of_a_literal_path(api: dict) -> None:
+    made = _call(
+        api, "POST", "/api/correctors", "alpha-admin", json={"name": "probe-0", "kind": "oracle"}
+    )
+    assert made.status_code == 201, made.text
+    for body in ({"probe": 0}, {"probe": "false"}, {"seed": True}, {"seed": "1"}):
+        r = _call(
+            api, "POST", f"/api/correctors/{made.json()['id']}/test", "alpha-admin", json=body
+        )
+        assert r.status_code == 422, (body, r.status_code, r.text[:300])
+    ok = _call(
+        api,
+        "POST",
+        f"/api/correctors/{made.json()['id']}/test",
+        "alpha-admin",
+        json={"probe": False},
+    )
+    assert ok.status_code == 200, ok.text
+    with live_server(env_app(settings=Settings(service_token=TOKEN))) as url:  # type: ignore[arg-type]
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        r = httpx.request("OPTIONS", f"{url}/envs/step", headers=auth)
+        assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
+        r = httpx.request("OPTIONS", f"{url}/envs/abc", headers=auth)
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET", r.headers
