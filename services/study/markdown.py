@@ -35,8 +35,9 @@ def render_markdown(report: StudyReport) -> str:
         f"## Study: {text(report.name)}",
         "",
         f"Primary metric, declared before the first run: **{text(report.primary)}**. A verdict "
-        f"needs an exact sign-flip p < {report.alpha:g} and a {report.confidence * 100:g} % "
-        "percentile-bootstrap interval of the mean paired difference that excludes 0. "
+        f"needs a sign-flip p < {report.alpha:g} after Holm's adjustment over the task's "
+        f"confirmatory comparisons and a {report.confidence * 100:g} % percentile-bootstrap "
+        "interval of the mean paired difference that excludes 0. "
         f"Finished: {pr.done} of {pr.cells} runs"
         + (f" ({pr.failed} failed)" if pr.failed else "")
         + ".",
@@ -61,8 +62,20 @@ def _group(g: GroupReport) -> list[str]:
             f"{', '.join(map(text, g.shared_arms))}: one run per seed, shared by every variant"
         )
     ds = g.deal_space
-    seen = "not known" if ds.in_training is None else str(ds.in_training)
-    notes.append(f"{ds.eval_deals} evaluation deals, {seen} of them also dealt in training")
+    space = f" of the task's {ds.size:,}" if ds.size is not None else ""
+    dealt = f"{ds.eval_episodes} evaluation episodes over {ds.eval_deals} distinct deals{space}"
+    if ds.in_training is None:
+        notes.append(f"{dealt}, whether training dealt them is not known")
+    else:
+        held = "held out" if ds.held_out else "**not held out**"
+        notes.append(f"{dealt}; {ds.in_training} of those deals also dealt in training: {held}")
+    if g.protocol is not None:
+        notes.append(f"evaluated under one protocol: {protocol_text(g.protocol)}")
+    if g.protocol_runs:
+        notes.append(
+            f"**runs evaluated under {len(g.protocol_runs)} protocols: pairs across them are "
+            "refused**"
+        )
     if g.split_starts:
         seeds = ", ".join(map(str, g.split_starts))
         notes.append(f"**seeds {seeds}: the arms started from different weights**")
@@ -75,24 +88,56 @@ def _group(g: GroupReport) -> list[str]:
     return out
 
 
+def protocol_text(p: dict) -> str:
+    """The protocol's rules in a few words: early truncation, time limit, unreadable output,
+    new tokens, deals."""
+    env = p.get("env") or {}
+    limit = env.get("max_episode_steps") or "the task's"
+    return (
+        f"early truncation {env.get('early_truncation', 'off')}, time limit {limit}, "
+        f"unreadable output {env.get('invalid_action', 'random')}, "
+        f"{p.get('max_new_tokens')} new tokens, {p.get('episodes')} deals"
+    )
+
+
 def _arms(block: MetricBlock) -> list[str]:
     deals = any(a.deals is not None for a in block.arms)
+    start = block.start is not None
+    share = any(a.sft_share is not None for a in block.arms)
     head = ["arm", "mean [95 % CI over seeds]", "IQM", "seeds"]
     head += ["mean [95 % CI, seeds and deals]"] if deals else []
+    head += ["change from start [95 % CI]"] if start else []
+    head += ["SFT share of the step"] if share else []
     rows = [_row(head), _row(["---"] + ["---:"] * (len(head) - 1))]
+    if start and block.start is not None:
+        cells = ["start (before update 0)", interval(block.start), "", str(block.start.n)]
+        cells += [""] if deals else []
+        rows.append(_row(cells + [""] + ([""] if share else [])))
     for a in block.arms:
         cells = [text(a.arm), interval(a.mean), num(a.iqm), str(a.mean.n)]
-        rows.append(_row(cells + ([interval(a.deals)] if deals else [])))
+        cells += [interval(a.deals)] if deals else []
+        cells += [interval(a.change_from_start)] if start else []
+        cells += [num(a.sft_share)] if share else []
+        rows.append(_row(cells))
     return rows
 
 
 def _comparisons(comparisons: list[ComparisonOut]) -> list[str]:
-    head = ["A vs B", "A − B [95 % CI]", "p (sign flip)", "verdict", "seeds for 80 % power"]
-    rows = [_row(head), _row(["---", "---:", "---:", "---", "---:"])]
+    head = [
+        "A vs B",
+        "A − B [95 % CI]",
+        "p (sign flip)",
+        "p (Holm)",
+        "verdict",
+        "seeds for 80 % power (estimate)",
+    ]
+    rows = [_row(head), _row(["---", "---:", "---:", "---:", "---", "---:"])]
     for c in comparisons:
         verdict = f"**{text(c.verdict)}**" if c.winner else text(c.verdict)
         pair = f"{text(c.a)} vs {text(c.b)}"
-        rows.append(_row([pair, interval(c.mean_diff), p_text(c), verdict, need_text(c)]))
+        holm = "–" if c.p_holm is None else f"{c.p_holm:.4f}"
+        cells = [pair, interval(c.mean_diff), p_text(c), holm, verdict, need_text(c)]
+        rows.append(_row(cells))
     return rows
 
 

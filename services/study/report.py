@@ -13,6 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
+from functools import lru_cache
 from itertools import combinations
 from typing import Any, Literal
 
@@ -468,8 +469,12 @@ def _block(
         values = [scores[arm][s] for s in sorted(scores[arm])]
         deals = None
         if role == "primary" and spec.metric in DEAL_COLUMNS and run_of[arm]:
-            per_seed = _deal_outcomes(session, spec, list(run_of[arm].values()))
-            deals = IntervalOut.of(st.deal_seed_interval(per_seed)) if per_seed else None
+            per_seed, labels = _deal_outcomes(session, spec, list(run_of[arm].values()))
+            deals = (
+                IntervalOut.of(st.deal_seed_interval(per_seed, clusters=labels))
+                if per_seed
+                else None
+            )
         arm_scores.append(
             ArmScore(
                 arm=arm,
@@ -596,18 +601,26 @@ def adjust_holm(groups: list[GroupReport], confirmatory: list[list[str]]) -> Non
                 c.verdict = f"not decided at {n} seed{'' if n == 1 else 's'} after Holm"
 
 
-def _deal_outcomes(session: Session, spec: MetricSpec, run_ids: list[int]) -> list[list[float]]:
-    """Per run: each deal's outcome, averaged over the evaluations the score reduces."""
+def _deal_outcomes(
+    session: Session, spec: MetricSpec, run_ids: list[int]
+) -> tuple[list[list[float]], list[list[str]] | None]:
+    """Per run: each deal's outcome, averaged over the evaluations the score reduces; and per
+    run each deal's content (the clusters of the deal-level interval; None where a task's deal
+    content is not known). The start's evaluation (update -1) is no point of the curve."""
     column = getattr(EvalOutcome, DEAL_COLUMNS[spec.metric])
     rows = session.execute(
-        select(EvalOutcome.run_id, EvalOutcome.update_idx, EvalOutcome.deal, column).where(
-            EvalOutcome.run_id.in_(run_ids)
-        )
+        select(
+            EvalOutcome.run_id, EvalOutcome.update_idx, EvalOutcome.deal, EvalOutcome.seed, column
+        ).where(EvalOutcome.run_id.in_(run_ids), EvalOutcome.update_idx >= 0)
     )
     by_run: dict[int, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    for run_id, update, deal, value in rows:
+    seeds: dict[int, int] = {}
+    for run_id, update, deal, seed, value in rows:
         by_run[run_id][update][deal] = float(value)
-    out = []
+        seeds[deal] = int(seed)
+    tasks = session.execute(select(Run.id, Run.task).where(Run.id.in_(run_ids))).all()
+    task = next((t for _, t in tasks), "")
+    out, labels = [], []
     for run_id in run_ids:
         updates = sorted(by_run.get(run_id, {}))
         if not updates:
@@ -618,7 +631,23 @@ def _deal_outcomes(session: Session, spec: MetricSpec, run_ids: list[int]) -> li
             for deal, value in by_run[run_id][u].items():
                 per_deal[deal].append(value)
         out.append([sum(v) / len(v) for _, v in sorted(per_deal.items())])
-    return out
+        labels.append([_deal_content(task, seeds[d]) for d in sorted(per_deal)])
+    known = all(k is not None for run in labels for k in run)
+    return out, ([[str(k) for k in run] for run in labels] if known else None)
+
+
+@lru_cache(maxsize=65_536)
+def _deal_content(task: str, seed: int) -> str | None:
+    """The deal evaluation seed ``seed`` deals, by content (the deal does not depend on the env
+    settings); None for a task whose deal content is not known."""
+    if task not in DEAL_FIELDS:
+        return None
+    from services.env import make_env
+    from shared.schemas import EnvConfig
+
+    env = make_env(task, EnvConfig(image_size=32, display_size=0), seed=seed)
+    _, info = env.reset()
+    return deal_key(task, info["state"])
 
 
 def _curve(
@@ -668,7 +697,12 @@ def _deal_space(session: Session, task: str, runs: list[Run]) -> DealSpace:
     )
     deals = {deal: seed for deal, seed in seeds}
     if task not in DEAL_FIELDS or not deals:
-        return DealSpace(size=DEAL_SPACE.get(task), eval_deals=len(deals), in_training=None)
+        return DealSpace(
+            size=DEAL_SPACE.get(task),
+            eval_episodes=len(deals),
+            eval_deals=len(deals),
+            in_training=None,
+        )
     env_cfg = EnvConfig.model_validate((runs[0].config or {}).get("env") or {})
     eval_keys = set()
     for seed in set(deals.values()):
@@ -676,8 +710,13 @@ def _deal_space(session: Session, task: str, runs: list[Run]) -> DealSpace:
         _, info = env.reset()
         eval_keys.add(deal_key(task, info["state"]))
     trained = set().union(*(training_deals(session, r) for r in runs))
+    seen = len(eval_keys & trained)
     return DealSpace(
-        size=DEAL_SPACE.get(task), eval_deals=len(deals), in_training=len(eval_keys & trained)
+        size=DEAL_SPACE.get(task),
+        eval_episodes=len(deals),
+        eval_deals=len(eval_keys),
+        in_training=seen,
+        held_out=seen == 0,
     )
 
 

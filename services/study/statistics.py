@@ -153,16 +153,22 @@ def deal_seed_interval(
     confidence: float = CONFIDENCE,
     n_resamples: int = 4_000,
     seed: int = RNG_SEED,
+    clusters: Sequence[Sequence[str]] | None = None,
 ) -> Interval:
     """Mean over seeds of each seed's mean deal outcome, with a two-level bootstrap interval.
 
     Each resample draws seeds with replacement, then, for every drawn seed, its deals with
     replacement: the interval holds both the seed-to-seed spread and each evaluation's own
-    finite-deal (binomial) error. Seeds may have different deal counts.
+    finite-deal (binomial) error. Seeds may have different deal counts. ``clusters`` (per seed,
+    each episode's deal by content): episodes of one deal are not independent, so the inner
+    draw takes distinct deals with replacement, each with all its episodes (a clustered
+    bootstrap: the mean over the drawn deals' episodes).
     """
     groups = [_clean(g) for g in per_seed_deal_outcomes]
     if any(g.size == 0 for g in groups):
         raise ValueError("a seed without deal outcomes")
+    if clusters is not None:
+        return _clustered(groups, clusters, confidence, n_resamples, seed)
     n = len(groups)
     if n == 0:
         return Interval(None, None, None, 0, confidence)
@@ -178,6 +184,38 @@ def deal_seed_interval(
             if rows.size:
                 draw = rng.integers(0, g.size, size=(rows.size, g.size))
                 inner[rows, j] = g[draw].mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(inner.mean(axis=1), [tail, 100 - tail])
+    return Interval(point, float(low), float(high), n, confidence)
+
+
+def _clustered(
+    groups: list[np.ndarray],
+    clusters: Sequence[Sequence[str]],
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> Interval:
+    sums, counts = [], []
+    for g, labels in zip(groups, clusters, strict=True):
+        if len(labels) != g.size:
+            raise ValueError("a cluster label per deal outcome")
+        _, inverse = np.unique(np.asarray(labels), return_inverse=True)
+        sums.append(np.bincount(inverse, weights=g))
+        counts.append(np.bincount(inverse).astype(float))
+    n = len(groups)
+    point = float(np.mean([g.mean() for g in groups]))
+    if n == 1 and sums[0].size < 2:
+        return Interval(point, None, None, 1, confidence)
+    rng = _rng(seed)
+    picks = rng.integers(0, n, size=(n_resamples, n))
+    inner = np.empty((n_resamples, n))
+    for j in range(n):
+        for s in range(n):
+            rows = np.flatnonzero(picks[:, j] == s)
+            if rows.size:
+                draw = rng.integers(0, sums[s].size, size=(rows.size, sums[s].size))
+                inner[rows, j] = sums[s][draw].sum(axis=1) / counts[s][draw].sum(axis=1)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(inner.mean(axis=1), [tail, 100 - tail])
     return Interval(point, float(low), float(high), n, confidence)

@@ -64,7 +64,9 @@ def test_the_carried_v3_runs_are_finished_cells_of_the_declared_grid(tmp_path: P
             # warm-started run does not read).
             ran, declared = RunConfig.model_validate(run.config), cfg.run_config(cell)
             assert ran.init.kind == declared.init.kind == "warm_start"
-            unread = {"init": {"checkpoint"}}
+            # v3 ran before evaluation protocols: each run was evaluated under its own env
+            # (metrics.eval_protocol unset), which the report reads as a protocol of its own.
+            unread = {"init": {"checkpoint"}, "metrics": {"eval_protocol"}}
             assert ran.model_dump(exclude=unread) == declared.model_dump(exclude=unread), cell
         report = build_report(s, 1)
     assert report.primary == "eval/success_rate (final)"
