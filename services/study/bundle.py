@@ -293,8 +293,8 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
     except (KeyError, TypeError, ValidationError, ValueError) as e:
         raise BundleError(f"the bundle's study is not valid: {_first_line(e)}") from None
     team = team or OPERATOR_TEAM
-    if len(team) > 100 or not team.isprintable() or not team.strip():
-        raise BundleError("the team must be 1 to 100 printable characters")
+    if len(team) > 100 or _control(team) or not team.strip():
+        raise BundleError("the team must be 1 to 100 characters, none a control one")
     _check_launch(session, cfg, runs, team)
     _check_warm_starts(cfg, bundle.get("warm_starts") or [])
     study = service.find_study(session, cfg.name, team)
@@ -468,13 +468,13 @@ def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:
         raise ValueError(f"status {entry['status']!r} is not a finished run's")
     for f, least, most in (("name", 1, 200), ("study_task", 1, 100), ("study_arm", 1, 100)):
         text = entry[f]
-        if not isinstance(text, str) or not least <= len(text) <= most or not text.isprintable():
-            raise ValueError(f"{f} must be {least} to {most} printable characters")
+        if not isinstance(text, str) or not least <= len(text) <= most or _control(text):
+            raise ValueError(f"{f} must be {least} to {most} characters, none a control one")
     variant = entry["study_variant"]
     if variant is not None and (
-        not isinstance(variant, str) or len(variant) > 100 or not variant.isprintable()
+        not isinstance(variant, str) or len(variant) > 100 or _control(variant)
     ):
-        raise ValueError("study_variant must be up to 100 printable characters")
+        raise ValueError("study_variant must be up to 100 characters, none a control one")
     info = dict(entry.get("info") or {})
     info["imported"] = {"from_run": entry["id"]}
     info["training_deals"] = [str(d) for d in entry.get("training_deals") or []]
@@ -497,6 +497,10 @@ def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:
     )
     session.flush()
     return run.id
+
+
+def _control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 def _iso(t: datetime | None) -> str | None:

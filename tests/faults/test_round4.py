@@ -5,8 +5,10 @@ CSV prefixes, strict types on the corrector `/test`, and nested routes naming an
 
 from __future__ import annotations
 
+import csv
 import gzip
 import importlib.util
+import io
 import ipaddress
 import json
 import re
@@ -27,6 +29,7 @@ from sqlalchemy import func, select
 
 from services.api.app import create_app
 from services.api.auth import create_token
+from services.api.routes.search import _cell as _csv_cell
 from services.corrector.egress import blocked
 from services.corrector.tasks import correct as correct_task
 from services.env.app import create_app as env_app
@@ -308,7 +311,7 @@ def _hostile_bundles(tmp_path: Path) -> dict[str, tuple[dict[str, Any] | str, st
         ),
         "over-long run name": (
             _bundle(spec, [{**good, "name": "n" * 5000}]),
-            "name must be 1 to 200 printable characters",
+            "name must be 1 to 200 characters, none a control one",
         ),
         "file and folder": (
             {**_bundle(spec, [good]), "warm_starts": [{"cell": warm, "entry": clash}]},
@@ -598,3 +601,39 @@ def test_strict_types_and_the_allow_of_a_literal_path(api: dict) -> None:
         assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
         r = httpx.request("OPTIONS", f"{url}/envs/abc", headers=auth)
         assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET", r.headers
+
+
+# ---- 7: CSV cells behind a blank or invisible character -----------------------------------------
+
+HIDDEN_ARMS = ["\u00a0=1+2", "\u3000=SUM(A1)", "\u200b@cmd", "\u2060-1+1"]
+
+
+def test_csv_quotes_cells_behind_any_blank_or_invisible_character(
+    api: dict, tmp_path: Path
+) -> None:
+    spec = StudyConfig.model_validate(
+        {
+            "name": "round4 csv",
+            "tasks": {"numberline": {"base": {"task": "numberline"}}},
+            "arms": {arm: {"algorithm": "gtr"} for arm in HIDDEN_ARMS},
+            "seeds": [0],
+        }
+    )
+    runs = []
+    for i, cell in enumerate(spec.cells()):
+        entry = _entry(spec.model_dump(mode="json"), 0)
+        config = spec.run_config(cell).model_dump(mode="json")
+        runs.append({**entry, "id": 7100 + i, "config": config, "name": config["name"],
+                     "study_arm": cell.arm})  # fmt: skip
+    bundle = _bundle(spec.model_dump(mode="json"), runs)
+    study_id = _import(_write(tmp_path / "csv.json.gz", bundle), "beta")
+    r = httpx.get(
+        f"{api['url']}/studies/{study_id}/report.csv", cookies={"gtr_token": api["tokens"]["beta"]}
+    )
+    assert r.status_code == 200, r.text[:300]
+    arms = {row["arm"] for row in csv.DictReader(io.StringIO(r.text)) if row["arm"]}
+    assert arms == {"'" + a for a in HIDDEN_ARMS}, arms
+    # VT, FF and the other line breaks cannot be in a name; in model text they are quoted too.
+    for lead in ("\x0b", "\x0c", "\u2028", "\u00a0", "\u3000", "\u200b", "\ufeff"):
+        assert _csv_cell(lead + "=1+2") == "'" + lead + "=1+2", repr(lead)
+    assert _csv_cell("plain text") == "plain text"

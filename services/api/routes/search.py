@@ -174,11 +174,18 @@ def _csv(rows: Iterator[dict], columns: list[str]) -> Iterator[str]:
 FORMULA_START = ("=", "+", "-", "@")
 
 
+def _hidden(c: str) -> bool:
+    """A blank or invisible character: spaces of every width (no-break, U+3000), line and page
+    breaks (VT, FF), controls and format characters (zero-width space, bidi marks)."""
+    return c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp")
+
+
 def _cell(v: Any) -> Any:
-    """A spreadsheet runs a cell that starts with = + - @ as a formula, after blanks and line
-    breaks, and full-width ＝ too: quote model text."""
-    lead = unicodedata.normalize("NFKC", v.lstrip(" \t\r\n")[:1]) if isinstance(v, str) else ""
-    if isinstance(v, str) and len(v) > 1 and (lead in FORMULA_START or v[:1] in "\t\r\n"):
+    """A spreadsheet runs a cell that starts with = + - @ as a formula (full-width ＝ too), and
+    may drop what precedes it: a cell starting with any blank or invisible character is quoted
+    like one starting with =."""
+    lead = unicodedata.normalize("NFKC", v[:1]) if isinstance(v, str) else ""
+    if isinstance(v, str) and len(v) > 1 and (lead in FORMULA_START or _hidden(v[0])):
         return "'" + v
     if isinstance(v, (dict, list)):
         return json.dumps(v)
