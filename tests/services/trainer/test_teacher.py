@@ -59,7 +59,7 @@ def test_teacher_of_identical_checkpoints_is_that_checkpoint(
 
 def test_grpo_and_turbo_kl_updates(tiny_dir: Path) -> None:
     """grpo: group-relative advantages, no value loss (the value head does not move), its
-    degenerate groups counted; gtr_turbo_kl: the KL to a teacher enters the returns."""
+    degenerate groups counted; gtr_turbo_kl: the KL to a teacher is measured and trained."""
     torch.manual_seed(0)
     policy = Policy.load(tiny_dir, finetune="full")
     shas = [put_image((0, 0, 0)), put_image((255, 255, 255))] * 2
