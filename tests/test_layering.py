@@ -223,3 +223,12 @@ def test_the_run_driver_and_every_class_stay_small() -> None:
                 if n > MAX_CLASS_LINES:
                     big.append(f"{path.relative_to(ROOT)}::{node.name} ({n} lines)")
     assert big == []
+
+
+def test_the_study_scheduler_and_report_reach_no_trainer_code() -> None:
+    """What the study's scheduler and report need of the warm start (the env it plays in) lives
+    below both, in shared/: neither reaches into the trainer package, where torch is."""
+    graph = _graph()
+    for name in ("services.study.service", "services.study.report", "services.study.schemas"):
+        assert not {m for m in graph[name] if m.startswith("services.trainer")}, name
+    assert "shared.warmenv" in graph["services.study.service"]

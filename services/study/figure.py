@@ -44,6 +44,16 @@ def draw_curves(report: StudyReport, metric: str, out: Path) -> int:
             low = [p.mean if p.low is None else p.low for p in curve.points]
             high = [p.mean if p.high is None else p.high for p in curve.points]
             ax.fill_between(x, low, high, color=colour[curve.arm], alpha=0.2, linewidth=0)
+        block = next((b for b in [g.primary, *g.secondary] if b.metric == metric), None)
+        start = block.start if block is not None else None
+        if start is not None and start.point is not None:  # the start, before update 0
+            err = (
+                [[start.point - start.low], [start.high - start.point]]
+                if start.low is not None and start.high is not None
+                else None
+            )
+            ax.errorbar([-1], [start.point], yerr=err, fmt="o", color="black", capsize=3)
+            ax.annotate("start", (-1, start.point), textcoords="offset points", xytext=(4, 4))
         ax.set_title(text(g.task + (f" · {g.variant}" if g.variant else "")), fontsize=10)
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)

@@ -625,7 +625,7 @@ def _deal_outcomes(
         updates = sorted(by_run.get(run_id, {}))
         if not updates:
             continue
-        used = updates[-1:] if spec.reduce == "final" else updates[-spec.k :]
+        used = {"final": updates[-1:], "mean": updates}.get(spec.reduce, updates[-spec.k :])
         per_deal: dict[int, list[float]] = defaultdict(list)
         for u in used:
             for deal, value in by_run[run_id][u].items():

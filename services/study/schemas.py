@@ -59,10 +59,11 @@ class MetricSpec(_Strict):
         pattern=METRIC_PATTERN,
         description="Key in an update's metrics, e.g. eval/success_rate or probe/relevance",
     )
-    reduce: Literal["final", "last_k_mean"] = Field(
+    reduce: Literal["final", "last_k_mean", "mean"] = Field(
         "final",
         description="final: the value at the run's last recorded point; last_k_mean: the mean "
-        "of its last k recorded points",
+        "of its last k recorded points; mean: the mean of all its recorded points (the area "
+        "under its curve: resists an oscillating policy, counts early learning too)",
     )
     k: int = Field(3, ge=1, le=1000, description="Points averaged by last_k_mean")
     higher_is_better: bool = Field(
@@ -75,15 +76,20 @@ class MetricSpec(_Strict):
         points = [v for _, v in sorted(curve, key=lambda p: p[0])]
         if not points:
             return None
-        taken = points[-1:] if self.reduce == "final" else points[-self.k :]
-        if len(taken) < (1 if self.reduce == "final" else self.k):
-            return None
+        if self.reduce == "mean":
+            taken = points
+        else:
+            taken = points[-1:] if self.reduce == "final" else points[-self.k :]
+            if len(taken) < (1 if self.reduce == "final" else self.k):
+                return None
         value = sum(taken) / len(taken)
         return float(value) if math.isfinite(value) else None
 
     def label(self) -> str:
         """e.g. 'eval/success_rate (final)' or 'eval/success_rate (mean of last 3)'."""
-        how = "final" if self.reduce == "final" else f"mean of last {self.k}"
+        how = {"final": "final", "mean": "mean over all points"}.get(
+            self.reduce, f"mean of last {self.k}"
+        )
         return f"{self.metric} ({how})"
 
 

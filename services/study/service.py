@@ -178,7 +178,7 @@ def plan(session: Session, study: Study) -> Plan:
 def warm_group(cfg: RunConfig) -> str | None:
     """What a run's warm start depends on (as services/trainer/warmcache.py keys it, less the
     code and model files): runs with one group share one cached warm start. None: no cache."""
-    from services.trainer.warmenv import warm_env
+    from shared.warmenv import warm_env
 
     if cfg.init.kind != "warm_start" or not cfg.init.cache:
         return None

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from services.trainer.warmenv import warm_env
 from shared.schemas import RunConfig
 from shared.settings import get_settings
 from shared.storage import CheckpointStore
+from shared.warmenv import warm_env
 
 if TYPE_CHECKING:
     from services.policy.service import Policy

@@ -319,7 +319,7 @@ def init_policy(
         return Policy.from_config(model, base, seed=cfg.seed), {}
     full = model.model_copy(update={"finetune": "full"})
     policy = Policy.from_config(full, base, seed=cfg.seed)
-    from services.trainer.warmenv import warm_env
+    from shared.warmenv import warm_env
 
     summary = warm_start(policy, cfg.task, warm_env(cfg.env), init, cfg.seed, eval_episodes)
     if model.finetune == "full":

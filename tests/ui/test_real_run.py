@@ -18,6 +18,9 @@ def test_real_run_pages(page, base_url: str, real_run: RealRun) -> None:  # type
     assert page.get_attribute("#charts", "data-points") == "2"
     sizes = page.locator("#charts canvas").evaluate_all("cs => cs.map(c => c.width * c.height)")
     assert sizes and min(sizes) > 10_000
+    # A GTR run's updates carry the thought-SFT term's share of the step, charted on its page.
+    titles = page.locator("#charts .chart").evaluate_all("els => els.map(e => e.dataset.title)")
+    assert "Thought guidance · SFT share of the step" in titles
     # Greedy evaluation success is a stat card of its own (the run evaluates after update 0).
     assert page.locator("[data-metric='eval/success_rate']").inner_text().endswith("%")
     shot(page, "real-run")

@@ -130,6 +130,14 @@ def test_the_answers_are_in_the_table_and_on_the_page(asked: TinyStudy) -> None:
     assert len(re.findall(r"<tr><td>(exact|fallible)</td>", page)) == 2
     assert html.escape(report.trends[0].statement) in page
     assert "<script>alert(" not in page
+    # The rules of the verdict are on the page: the protocol every arm was scored under, the
+    # start before update 0 with each arm's change from it, and the Holm-adjusted p.
+    group = report.groups[0]
+    assert group.protocol is not None
+    assert f'data-protocol="{group.protocol["key"]}"' in page
+    assert "p (Holm)" in page and "after Holm" in page
+    if group.primary.start is not None:
+        assert 'class="study-start"' in page and "change-from-start" in page
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def test_the_training_loops_truncation_rule_is_not_the_warm_starts(tiny_dir: Pat
     """GTR's loop truncates, RL4VLM's does not: the arms of one seed still share a warm start,
     played with no truncation (warm_env), so the study schedules one (warm_group)."""
     from services.study.service import warm_group
-    from services.trainer.warmenv import warm_env
+    from shared.warmenv import warm_env
 
     base = _cfg(tiny_dir)
     for rule in ("reference", "solver"):
