@@ -247,7 +247,7 @@ def test_v3_declares_its_grid_primary_metric_and_levels() -> None:
     }
     assert len(cells) == 6 * 7 + 3 * 7 == 63
     # One warm start per task and seed: rl4vlm's env differs only by its truncation rule,
-    # which the warm start does not play by (services/trainer/warmenv.py, warm_env).
+    # which the warm start does not play by (shared/warmenv.py, warm_env).
     assert len({warm_group(cfg.run_config(c)) for c in cells} - {None}) == 6 + 3
     errors = {
         v: cfg.run_config(Cell("ezpoints", "gtr", 0, v)).corrector.errors.model_dump()
