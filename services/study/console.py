@@ -84,7 +84,8 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
     if not block.comparisons:
         return None
     t = Table(title=Text(f"paired on shared seeds: {block.label}"), title_justify="left")
-    for col in ["A vs B", "A − B [95 % CI]", "p (sign flip)", "verdict", "seeds for 80 %"]:
+    cols = ["A vs B", "A − B [95 % CI]", "p (sign flip)", "p (Holm)", "verdict", "seeds for 80 %"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("A vs B", "verdict") else "right")
     t.add_column("P(A better) [95 % CI]", justify="right")
     for c in block.comparisons:
@@ -93,6 +94,7 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
             pair,
             interval(c.mean_diff),
             p_text(c),
+            "–" if c.p_holm is None else f"{c.p_holm:.4f}",
             _verdict(c),
             need_text(c),
             interval(c.p_improvement, 2),

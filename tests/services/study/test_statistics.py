@@ -303,3 +303,19 @@ def test_one_shared_seed_is_compared_not_decided() -> None:
     c = compare_paired({1: 0.75, 2: 0.5}, {1: 0.5}, names=("gtr", "rl4vlm"))
     assert c.seeds == [1] and c.p_value == 1.0
     assert c.verdict == "not decided at 1 seed" and c.winner is None
+
+
+def test_the_deal_interval_resamples_distinct_deals_not_episodes() -> None:
+    """Eight episodes that are two deals played four times each: as eight independent episodes
+    the interval is narrower than the clustered one, which knows there are only two deals."""
+    outcomes = [[1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]
+    clusters = [["a", "a", "a", "a", "b", "b", "b", "b"]]
+    naive = deal_seed_interval(outcomes)
+    clustered = deal_seed_interval(outcomes, clusters=clusters)
+    assert clustered.point == naive.point == 0.5
+    assert clustered.width is not None and naive.width is not None
+    assert clustered.width > naive.width
+    assert (clustered.low, clustered.high) == (0.0, 1.0)  # two deals: both, either, or neither
+    # Distinct deals each played once: clustering changes nothing.
+    once = deal_seed_interval(outcomes, clusters=[list("abcdefgh")])
+    assert once.width == pytest.approx(naive.width, abs=0.07)
