@@ -112,7 +112,7 @@ class CorrectionBook:
         CS.refresh_late(s, self.run_id, since, before=u)
         out = CS.update_figures(s, self.run_id, u)
         if self.waited_s is not None:  # bounded staleness held the update back this long
-            out["corrections_wait_s"], self.waited_s = self.waited_s, None
+            out["corrector_wait_s"], self.waited_s = self.waited_s, None
         return out
 
     def close(self, status: str) -> None:

@@ -94,19 +94,26 @@ def check_destination(url: str, settings: Settings | None = None) -> None:
             )
 
 
-def http_client(timeout: float, headers: dict[str, str] | None = None) -> httpx.Client:
+def http_client(
+    timeout: float, headers: dict[str, str] | None = None, connections: int = 100
+) -> httpx.Client:
     """The HTTP client of every outbound corrector call: redirects are not followed, and each
-    request's host passes ``check_destination`` just before it is sent."""
+    request's host passes ``check_destination`` just before it is sent. ``connections``: as
+    many as requests may be in flight (httpx's default of 100 would queue the rest)."""
 
     def check(request: httpx.Request) -> None:
         check_destination(str(request.url))
 
     return httpx.Client(
-        timeout=timeout, headers=headers, follow_redirects=False, event_hooks={"request": [check]}
+        timeout=timeout,
+        headers=headers,
+        follow_redirects=False,
+        event_hooks={"request": [check]},
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
     )
 
 
-def openai_http_client(timeout: float) -> httpx2.Client:
+def openai_http_client(timeout: float, connections: int = 100) -> httpx2.Client:
     """``http_client`` for the OpenAI SDK, which speaks httpx2 (its own default follows
     redirects)."""
     import httpx2  # loaded with the SDK, which is imported only when an openai kind is used
@@ -114,7 +121,12 @@ def openai_http_client(timeout: float) -> httpx2.Client:
     def check(request: httpx2.Request) -> None:
         check_destination(str(request.url))
 
-    return httpx2.Client(timeout=timeout, follow_redirects=False, event_hooks={"request": [check]})
+    return httpx2.Client(
+        timeout=timeout,
+        follow_redirects=False,
+        event_hooks={"request": [check]},
+        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
 
 
 def redirect_note(status: int) -> str:

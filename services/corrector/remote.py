@@ -306,7 +306,8 @@ class OpenAICorrector(_Remote):
             base_url=self.base_url,
             max_retries=0,
             timeout=self.params.timeout_s,
-            http_client=openai_http_client(self.params.timeout_s),  # follows no redirect
+            # follows no redirect; a connection per request the limit lets through
+            http_client=openai_http_client(self.params.timeout_s, self.params.concurrency),
         )
 
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
@@ -565,7 +566,8 @@ class HttpCorrector(_Remote):
     ) -> None:
         super().__init__(base_url, params, budget)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = http_client(self.params.timeout_s, headers)  # follows no redirect
+        # follows no redirect; a connection per request the limit lets through
+        self.client = http_client(self.params.timeout_s, headers, self.params.concurrency)
 
     def _correct(self, req: CorrectionRequest, trace: CallTrace) -> Correction:
         body = req.model_dump(mode="json")

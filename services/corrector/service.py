@@ -284,6 +284,9 @@ def _outcome(
         return req
 
     budget = run_budget(session, step.run_id, name)
+    # The budget checks on a connection of its own: this session holds none meanwhile, or a
+    # burst of threads, each holding one and waiting for a second, would drain the pool.
+    session.commit()
     return _answer(step, name, corrector, request, budget, wanted)
 
 

@@ -118,7 +118,7 @@ def test_a_2_s_corrector_corrects_the_preset_and_the_page_shows_coverage_live(
     with corrector(2.0) as url, live_server(create_app()) as api:
         (tmp_path / "run.toml").write_text(preset(warm_checkpoint, url, name, updates=6))
         proc = _train(tmp_path / "run.toml", tmp_path, pg_url)
-        live: list[str] = []  # the coverage card, read while the run is still running
+        live: list[tuple[int, str]] = []  # (updates done, the coverage card) while it runs
         try:
             while proc.poll() is None:
                 run = _run(name)
@@ -128,7 +128,8 @@ def test_a_2_s_corrector_corrects_the_preset_and_the_page_shows_coverage_live(
                     )
                     card = re.search(r'id="corrections-coverage".*?</div></div>', page.text, re.S)
                     if card and _run(name).status == "running":  # type: ignore[union-attr]
-                        live.append(re.sub(r"<[^>]+>|\s+", " ", card.group(0)))
+                        text = " ".join(re.sub(r"<[^>]+>", " ", card.group(0)).split())
+                        live.append((run.updates_done, text))
                 time.sleep(1.0)
             out = proc.communicate(timeout=60)[0]
         finally:
@@ -145,8 +146,10 @@ def test_a_2_s_corrector_corrects_the_preset_and_the_page_shows_coverage_live(
     assert re.search(r"corrections: \d+ done, 0 failed.*; coverage (9[5-9]|100)%", out), out[-3000:]
     # The page showed it while the run went: done of requested, and the lag in updates.
     assert live, "the run page never showed the coverage card while the run was running"
-    assert re.search(r"Corrections done \d+% \d+ of \d+ requested", live[-1]), live[-1]
-    assert "lag" in " ".join(live) and "updates (max" in " ".join(live)
+    early = [text for done, text in live if done < 6]
+    assert early, live  # before the last update: while the run goes
+    assert re.search(r"Corrections done \d+% \d+ of \d+ requested · \d+ pending", early[0])
+    assert re.search(r"lag \d\.\d updates \(max \d\)", early[-1]), early
 
 
 def test_an_endpoint_answering_503_to_everything_ends_the_run_degraded(
@@ -168,3 +171,43 @@ def test_an_endpoint_answering_503_to_everything_ends_the_run_degraded(
     )
     assert "HTTP 503" in run.error  # why: the endpoint's answer, in the reason
     assert "HTTP 503" in out and "degraded" in out
+
+
+def test_max_lag_0_makes_each_update_wait_for_its_own_corrections_and_watch_shows_them(
+    pg_url: str, tmp_path: Path, warm_checkpoint: Path
+) -> None:
+    """Bounded staleness: with ``max_lag_updates = 0`` and a 1 s corrector under ``wait =
+    "none"``, no update trains before its steps' corrections are in (lag 0 everywhere), and it
+    says how long it waited; ``gtr run watch`` prints each update's coverage and lag."""
+    from click.testing import CliRunner
+
+    from services.controller.cli import run as run_cli
+    from shared.db.models import Update
+
+    name = f"lag-0-{uuid.uuid4().hex[:8]}"
+    with corrector(1.0) as url:
+        cfg = preset(warm_checkpoint, url, name, updates=2, max_lag_updates=0)
+        cfg = cfg.replace("num_envs = 16", "num_envs = 4").replace("num_steps = 8", "num_steps = 3")
+        (tmp_path / "run.toml").write_text(cfg)
+        proc = _train(tmp_path / "run.toml", tmp_path, pg_url)
+        out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-4000:]
+    run = _run(name)
+    assert run is not None
+    with session_scope() as s:
+        rows = s.scalars(select(Update).where(Update.run_id == run.id).order_by(Update.idx))
+        metrics = [u.metrics for u in rows]
+    assert len(metrics) == 2
+    for m in metrics:
+        assert m["corrections"] > 0 and m["corrections_done"] == m["corrections"], m
+        assert m["corrections_lag_max"] == 0 and m["corrections_in_time"] == 1.0, m
+        assert m["corrector_wait_s"] > 0.5, m  # the last step's corrections take 1 s
+    with session_scope() as s:
+        token = create_token(s, "lag-0", "read", "default")[1]
+    with live_server(create_app()) as api:
+        watched = CliRunner().invoke(
+            run_cli, ["watch", str(run.id), "--url", api, "--token", token]
+        )
+    assert watched.exit_code == 0, watched.output
+    n = int(metrics[0]["corrections"])
+    assert f"corrections {n} of {n} (100%), lag 0.0" in watched.output, watched.output

@@ -5,14 +5,25 @@ pool has a thread per request the endpoint may have in flight."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+from sqlalchemy import select
 
 from services.controller.backends import ThreadCorrections
 from services.corrector.remote import RemoteParams
 from services.corrector.resilience import AdaptiveLimit, RateLimit
+from shared.db.models import Correction
+from shared.db.session import session_scope
 from shared.settings import Settings
+from tests.conftest import ROOT, free_port
 
 
 def _answer(limit: AdaptiveLimit, n: int, latency_s: float) -> None:
@@ -99,3 +110,71 @@ def test_defaults_suit_a_hosted_api_and_the_pool_has_a_thread_per_slot(pg_url: s
         assert pool.pool._max_workers == 300  # eight threads would cap 300 in flight at 8
     finally:
         pool.close()
+
+
+@contextmanager
+def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, int]]]:
+    """A real `POST /v1/correct` server that answers 'correct' after ``delay_s`` and counts the
+    requests in flight at once (``peak``)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app, seen = FastAPI(), {"now": 0, "peak": 0, "total": 0}
+
+    @app.post("/v1/correct")
+    async def correct(body: dict) -> dict:  # type: ignore[type-arg]
+        seen["now"] += 1
+        seen["total"] += 1
+        seen["peak"] = max(seen["peak"], seen["now"])
+        await asyncio.sleep(delay_s)
+        seen["now"] -= 1
+        return {"verdict": "correct", "corrected_thought": None, "extras": {}, "reasoning": ""}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_corrector_worker_has_its_threads_in_flight_at_a_slow_endpoint(
+    pg_url: str, redis_url: str
+) -> None:
+    """Full stack: `gtr worker corrector --concurrency 48` against a 1 s endpoint, 96 steps queued
+    at once: the worker's threads and the endpoint's limit (doubling from 4) let tens of requests in
+    flight, not the eight of before; every step is corrected."""
+    from services.controller.backends import CeleryCorrections, wait_for_corrections
+    from shared.queues import celery_app
+    from tests.services.corrector.helpers import make_run, make_step
+
+    celery_app.control.purge()  # no task of an earlier session's worker
+
+    agent = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
+    with counting_corrector(1.0) as (url, seen):
+        with session_scope() as s:
+            run = make_run(s, corrector={"name": "slow", "kind": "http", "base_url": url})
+            state = {"current": 2, "target": 4}
+            ids = [make_step(s, "numberline", state, agent, run=run, idx=i).id for i in range(96)]
+            run_id = run.id
+        env = {**os.environ, "GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS": "true"}
+        cmd = [sys.executable, "-m", "services.cli", "worker", "corrector", "--concurrency", "48"]
+        worker = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        try:
+            CeleryCorrections("slow").submit(run_id, ids)
+            assert wait_for_corrections(run_id, ids, timeout_s=90) == 0
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+            celery_app.control.purge()
+    with session_scope() as s:
+        where = (Correction.run_id == run_id, Correction.corrector == "slow")
+        statuses = s.scalars(select(Correction.status).where(*where)).all()
+    assert statuses == ["done"] * 96
+    assert seen["total"] == 96  # one call per step
+    assert seen["peak"] >= 16, seen  # 4, 8, 16, 32...; the former default capped it at 8
