@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from services.policy.protocol import RolloutPolicy
 
 
-# "Thought guidance drowned": the thought-SFT (or KL-to-teacher) term's share of the applied step
+# "Thought guidance drowned": the thought-SFT term's share of the applied step
 # (sft/grad_share, services/trainer/service.py) under GUIDANCE_SHARE for GUIDANCE_UPDATES updates in
 # a row while its loss fell by less than GUIDANCE_FALL of its value at the window's start. Study
 # v3's GTR: share ~0.05 under one clip at 1.0, losses/sft 0.288 -> 0.219 over 60 updates.

@@ -70,8 +70,8 @@ class ArmScore(BaseModel):
     )
     sft_share: float | None = Field(
         None,
-        description="Mean over its runs and updates of sft/grad_share: the thought-SFT (or "
-        "KL-to-teacher) gradient's share of the applied step; None: no such term",
+        description="Mean over its runs and updates of sft/grad_share: the thought-SFT "
+        "gradient's share of the applied step; None: no such term",
     )
 
 
@@ -164,6 +164,11 @@ class ArmCost(BaseModel):
         "arm's timed runs recorded them (update_cpu_s: the driver process's CPU time, all of "
         "a run's work on the embedded default); unlike wall time, a busy or paused host does "
         "not inflate it",
+    )
+    coverage: float | None = Field(
+        None,
+        description="Mean share of the requested corrections done per finished run (the "
+        "coverage each run recorded when it ended, info.corrections); None: none recorded",
     )
 
 
@@ -420,11 +425,19 @@ def _cost(
     wall = [sum(v for _, v in c["update_s"]) for c in timed]
     # A run recorded before update_cpu_s existed has no CPU time: no mean over a part of them.
     cpu = [sum(v for _, v in c["update_cpu_s"]) for c in timed if c.get("update_cpu_s")]
+    covered = [
+        c["corrections_coverage"]
+        for (a, _), run in done.items()
+        if a == arm
+        and isinstance(c := (run.info or {}).get("corrections"), dict)
+        and isinstance(c.get("corrections_coverage"), int | float)
+    ]
     return ArmCost(
         arm=arm,
         runs=len(wall),
         minutes=sum(wall) / len(wall) / 60 if wall else None,
         cpu_minutes=sum(cpu) / len(cpu) / 60 if cpu and len(cpu) == len(wall) else None,
+        coverage=sum(covered) / len(covered) if covered else None,
     )
 
 

@@ -19,7 +19,7 @@ gtr.charts = {
     {family: 'Optimisation', title: 'Losses', keys: ['losses/policy', 'losses/value', 'losses/sft']},
     {family: 'Optimisation', title: 'PPO · approx KL & clip fraction', keys: ['approx_kl', 'clipfrac']},
     {family: 'Optimisation', title: 'Gradient norm', keys: ['grad_norm', 'sft/grad_norm']},
-    // The thought-SFT (or KL-to-teacher) term's share of the applied step: under ~0.1 for
+    // The thought-SFT term's share of the applied step: under ~0.1 for
     // several updates while losses/sft stays flat, the guidance is drowned (the run's alarm).
     {family: 'Optimisation', title: 'Thought guidance · SFT share of the step', keys: ['sft/grad_share'], unit: true},
     {family: 'Optimisation', title: 'Value · explained variance', keys: ['explained_variance']},
