@@ -642,3 +642,18 @@ def test_csv_quotes_cells_behind_any_blank_or_invisible_character(
     for lead in ("\x0b", "\x0c", "\u2028", "\u00a0", "\u3000", "\u200b", "\ufeff"):
         assert _csv_cell(lead + "=1+2") == "'" + lead + "=1+2", repr(lead)
     assert _csv_cell("plain text") == "plain text"
+
+
+def test_the_largest_importable_scores_are_served_not_500(api: dict, tmp_path: Path) -> None:
+    spec = {**_spec(), "name": "round4 extremes"}
+    runs = []
+    for seed, score in ((0, 1e15), (1, -1e15)):
+        entry = _entry(spec, seed)
+        entry["updates"][0]["metrics"]["eval/success_rate"] = score
+        runs.append(entry)
+    study_id = _import(_write(tmp_path / "e.json.gz", _bundle(spec, runs)), "beta")
+    assert _call(api, "GET", f"/api/studies/{study_id}", "beta").status_code == 200
+    cookies = {"gtr_token": api["tokens"]["beta"]}
+    for page in ("", "/report.json", "/report.csv", "/curves.json"):
+        r = httpx.get(f"{api['url']}/studies/{study_id}{page}", cookies=cookies)
+        assert r.status_code == 200, (page, r.status_code, r.text[:300])
