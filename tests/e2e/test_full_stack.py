@@ -143,6 +143,9 @@ def test_gtr_grpo_with_the_self_teacher_over_rest(stack: dict) -> None:
         # has steps for the merged teacher to correct (at lr 1e-3 it sometimes had none).
         "train": {"group_size": 2, "lr": 1e-5},
         "corrector": {"backend": "self_teacher"},
+        # The authors' merge, the acting policy included: update 1 is corrected by checkpoint 0
+        # (the default lag 1 would leave it out until update 2).
+        "teacher": {"lag": 0},
     }
     with process(["worker", "corrector"], stack["logs"] / "corrector-turbo.log", stack["env"]):
         run_id = _launch(stack, changes, envs=4, steps=2, updates=2)
