@@ -49,7 +49,9 @@ def cost_items(g: GroupReport) -> list[tuple[str, str]]:
     return [
         (
             c.arm,
-            f"{c.minutes:.1f}" + ("" if c.cpu_minutes is None else f" ({c.cpu_minutes:.1f} CPU)"),
+            f"{c.minutes:.1f}"
+            + ("" if c.cpu_minutes is None else f" ({c.cpu_minutes:.1f} CPU)")
+            + ("" if c.coverage is None else f", {c.coverage:.0%} corrected"),
         )
         for c in g.cost
         if c.minutes is not None

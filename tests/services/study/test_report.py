@@ -148,6 +148,23 @@ def test_cost_is_the_mean_of_each_runs_stored_update_seconds(report, tiny: TinyS
         assert c.cpu_minutes > 0
 
 
+def test_each_arm_states_the_coverage_its_runs_trained_with(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    """The GTR arm's runs recorded their corrections (requested, done, coverage) when they
+    ended; the arm's coverage is their mean (an untrained tiny model may write no well-formed
+    step: nothing requested, no coverage); the RL4VLM arm asks for none."""
+    (group,) = report.groups
+    cost = {c.arm: c for c in group.cost}
+    with session_scope() as s:
+        runs = s.scalars(select(Run).where(Run.study_id == tiny.study_id)).all()
+        recorded = [r.info["corrections"] for r in runs if r.algorithm == "gtr"]
+    assert recorded and all("corrections_done" in c for c in recorded)
+    covs = [c["corrections_coverage"] for c in recorded if "corrections_coverage" in c]
+    expected = sum(covs) / len(covs) if covs else None
+    assert cost[QUOTED_ARM].coverage == (pytest.approx(expected) if covs else None)
+    assert cost[HOSTILE_ARM].coverage is None
+    assert ("% corrected" in render_report(report)) == bool(covs)
+
+
 def test_cpu_cost_is_left_out_where_some_runs_predate_it() -> None:
     """Runs recorded before update_cpu_s existed (an imported bundle) have wall time only: a
     CPU mean over the rest would pass for the arm's, so there is none."""
