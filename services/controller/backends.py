@@ -277,10 +277,11 @@ class CorrectionSweep:
 
     def finish(self, drain_s: float | None = None) -> int:
         """At the run's end, when training is over: the backlog drains (the pool or the Celery
-        workers go on sending it) for up to ``drain_s`` (default: the sweep's timeout). Halfway,
-        the missing ones neither queued nor in flight here (a lost task; a Celery task's state
-        is the broker's) are sent again, once. Corrections not in by the deadline are recorded
-        ``late`` (they could teach no update), not failed. Returns how many were recorded."""
+        workers go on sending it) for up to ``drain_s`` (default: the sweep's timeout). After
+        the sweep's timeout (at most halfway), the missing ones neither queued nor in flight
+        here (a lost task; a Celery task's state is the broker's) are sent again, once.
+        Corrections not in by the deadline are recorded ``late`` (they could teach no update),
+        not failed. Returns how many were recorded."""
         drain_s = self.timeout_s if drain_s is None else drain_s
         ids = [r.id for r in self._unsettled()]
         if not ids:
@@ -292,7 +293,7 @@ class CorrectionSweep:
             len(ids),
             drain_s,
         )
-        if not wait_for_corrections(self.run_id, ids, drain_s / 2):
+        if not wait_for_corrections(self.run_id, ids, min(drain_s / 2, self.timeout_s)):
             return 0
         missing = missing_corrections(self.run_id, ids)
         here = backlog_of(self.corrections, missing) | in_flight_of(self.corrections, missing)
