@@ -87,8 +87,9 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
         return None
     t = Table(title=Text(f"paired on shared seeds: {block.label}"), title_justify="left")
     cols = ["A vs B", "A − B [95 % CI]", "p (sign flip)", "p (Holm)", "verdict", "seeds for 80 %"]
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("A vs B", "verdict") else "right")
+    for col in cols:  # the verdict is read whole: it never wraps
+        left = col in ("A vs B", "verdict")
+        t.add_column(col, justify="left" if left else "right", no_wrap=col == "verdict")
     t.add_column("P(A better) [95 % CI]", justify="right")
     for c in block.comparisons:
         pair = Text(c.a) + Text(" vs ") + Text(c.b)

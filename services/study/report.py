@@ -287,7 +287,7 @@ def _oriented(block: MetricBlock, a: str, b: str) -> ComparisonOut | None:
 
 def _spec(study: Study) -> StudyConfig | None:
     try:
-        return StudyConfig.model_validate(study.spec)
+        return StudyConfig.model_validate(study.spec, context={"stored": True})
     except (ValidationError, ValueError):
         return None  # a spec stored by an older version: the report reads the runs alone
 
@@ -655,10 +655,16 @@ def _deal_content(task: str, seed: int) -> str | None:
     settings); None for a task whose deal content is not known."""
     if task not in DEAL_FIELDS:
         return None
+    import gymnasium as gym
+
     from services.env import make_env
+    from services.env.points import PointsEnv
     from shared.schemas import EnvConfig
 
-    env = make_env(task, EnvConfig(image_size=32, display_size=0), seed=seed)
+    env = make_env(task, EnvConfig(image_size=32, display_size=0), seed=seed).unwrapped
+    if isinstance(env, PointsEnv):  # the cards alone: no solver, no drawing
+        gym.Env.reset(env, seed=seed)
+        return json.dumps([env._deal()[0]])
     _, info = env.reset()
     return deal_key(task, info["state"])
 
@@ -695,8 +701,6 @@ def deal_key(task: str, state: dict[str, Any]) -> str | None:
 def _deal_space(session: Session, task: str, runs: list[Run]) -> DealSpace:
     """The task's deal-space size, and how many evaluation deals a training episode of these
     runs also started from (compared by content, not by seed)."""
-    from services.env import make_env  # the envs (and their renderers) only when a report asks
-    from shared.schemas import EnvConfig
 
     run_ids = [r.id for r in runs]
     seeds = (
@@ -716,12 +720,7 @@ def _deal_space(session: Session, task: str, runs: list[Run]) -> DealSpace:
             eval_deals=len(deals),
             in_training=None,
         )
-    env_cfg = EnvConfig.model_validate((runs[0].config or {}).get("env") or {})
-    eval_keys = set()
-    for seed in set(deals.values()):
-        env = make_env(task, env_cfg.model_copy(update={"display_size": 0}), seed=int(seed))
-        _, info = env.reset()
-        eval_keys.add(deal_key(task, info["state"]))
+    eval_keys = {_deal_content(task, int(seed)) for seed in set(deals.values())}
     trained = set().union(*(training_deals(session, r) for r in runs))
     seen = len(eval_keys & trained)
     return DealSpace(

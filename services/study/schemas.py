@@ -17,9 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from services.env.stalling import refuse_stalling
+from services.study.tuning import TuningSpec
+from services.study.tuning import check as check_tuning
 from shared.config_paths import resolve_config_paths
 from shared.payload import check_free_form, check_storable
 from shared.schemas import RunConfig
@@ -91,6 +101,9 @@ class MetricSpec(_Strict):
             self.reduce, f"mean of last {self.k}"
         )
         return f"{self.metric} ({how})"
+
+
+TuningSpec.model_rebuild(_types_namespace={"MetricSpec": MetricSpec})
 
 
 class AxisSpec(_Strict):
@@ -230,6 +243,11 @@ class StudyConfig(_Strict):
     concurrency: int = Field(
         2, ge=1, le=256, description="Full stack: runs of the study queued or running at once"
     )
+    tuning: TuningSpec | None = Field(
+        None,
+        description="The tuning stage (services/study/tuning.py): per arm, knobs searched on "
+        "tuning seeds before the grid; `gtr study run` runs it first",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -254,7 +272,7 @@ class StudyConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _grid(self) -> StudyConfig:
+    def _grid(self, info: ValidationInfo) -> StudyConfig:
         for name, task in self.tasks.items():
             if task.config is not None:
                 raise ValueError(
@@ -281,7 +299,10 @@ class StudyConfig(_Strict):
                 f"{self.budget.max_env_steps:,}"
             )
         self._check_shared_runs()
-        self._check_stalling()
+        if self.tuning is not None:
+            check_tuning(self)
+        if not (info.context or {}).get("stored"):  # a stored study was checked when filed
+            self._check_stalling()
         return self
 
     def _check_stalling(self) -> None:
