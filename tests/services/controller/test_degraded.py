@@ -110,3 +110,55 @@ def test_rest_watch_and_the_run_page_show_degraded(api: tuple[str, str]) -> None
     assert '<span class="status status-degraded">degraded</span>' in page.text
     assert "degraded: 2 of 2 requested corrections failed" in page.text
     assert "timeout: no answer within 60 s (2)" in page.text  # the reason, on the page
+
+
+def test_min_coverage_holds_an_update_back_and_degrades_a_run_that_ends_below_it(
+    pg_url: str,
+) -> None:
+    """corrector.min_coverage: an update waits while fewer than that share of the requested
+    corrections are done and some are still to come; a run that ends below it is degraded
+    (skipped and late corrections are no failures, but they are no coverage either)."""
+    from services.controller.correction_book import behind
+
+    run_id, cfg = _run_with_corrections(done=1, failed=0)
+    with session_scope() as s:  # three more well-formed steps, their corrections not in yet
+        ep = open_episode(s, run_id, 1, 0, 0)
+        more = []
+        for i in range(3):
+            step = add_step(
+                s,
+                blob_store(),
+                run_id=run_id,
+                episode_id=ep.episode_id,
+                idx=i,
+                update_idx=0,
+                rollout_pos=1 + i,
+                prompt="p",
+                output=AGENT,
+                format_valid=True,
+                action_valid=True,
+                reward=0.0,
+                done=False,
+                state={"current": 2, "target": 4},
+            )
+            s.flush()
+            more.append(step.id)
+    why = behind(run_id, 0, 0.9, None)
+    assert why == "1 of 4 corrections done, under corrector.min_coverage = 0.9"
+    assert behind(run_id, 0, 0.2, None) is None  # 25 % done is enough for 0.2
+    assert (
+        behind(run_id, 0, 0.0, 0)
+        == "3 corrections older than corrector.max_lag_updates = 0 missing"
+    )
+    record_missing_as_failed(run_id, more, "oracle", 60.0, set(more), "late: the run ended")
+    assert behind(run_id, 0, 0.9, 0) is None  # nothing left to wait for
+    strict = RunConfig.model_validate(
+        {"task": "numberline", "corrector": {"min_coverage": 0.9, "degraded_share": 0.5}}
+    )
+    with session_scope() as s:
+        status, error = CS.final_status(s, run_id, strict, "completed", None)
+    assert status == "degraded"
+    assert error == (
+        "degraded: 1 of 4 requested corrections done (25%, under corrector.min_coverage = 0.9)"
+    )
+    assert _end(run_id, cfg) == "completed"  # no min_coverage: 3 late are no failures
