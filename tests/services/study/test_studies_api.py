@@ -79,7 +79,7 @@ def _studies() -> int:
             "arm 'big', seed 0: train.num_envs",
         ),
         ({"primary": {"metric": "eval success"}}, "primary", "should match pattern"),
-        ({"primary": {"metric": "x", "reduce": "best"}}, "reduce", "'final' or 'last_k_mean'"),
+        ({"primary": {"metric": "x", "reduce": "best"}}, "reduce", "'last_k_mean' or 'mean'"),
         ({"tasks": {"t": {"config": "/etc/passwd"}}}, "body", "read only by the CLI"),
         ({"arms": {" ": {}}}, "arms", "must not be blank"),
         ({"budget": {"updates": 5, "max_env_steps": 10}}, "body", "budget.max_env_steps"),
