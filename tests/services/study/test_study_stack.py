@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from services.api.auth import create_token
 from shared.db.models import EvalOutcome, Run
@@ -125,12 +125,16 @@ def test_gtr_study_create_runs_through_the_controllers_and_survives_a_killed_con
         runs = s.scalars(select(Run).where(Run.study_id == study_id)).all()
         assert len(runs) == 4 and {r.status for r in runs} == {"completed"}
         assert {r.study_attempt for r in runs} == {1}  # the killed run resumed, not retried
-        outcomes = s.scalar(
-            select(func.count())
-            .select_from(EvalOutcome)
-            .where(EvalOutcome.run_id.in_([r.id for r in runs]))
-        )
-    assert outcomes == 4 * UPDATES * 4
+        rows = s.execute(
+            select(EvalOutcome.run_id, EvalOutcome.update_idx).where(
+                EvalOutcome.run_id.in_([r.id for r in runs])
+            )
+        ).all()
+    assert sum(u >= 0 for _, u in rows) == 4 * UPDATES * 4
+    # The start's evaluation, before update 0: the killed run recorded its own with update 0
+    # (a run cut between training update 0 and recording it resumes past its start).
+    starts = {run_id for run_id, u in rows if u == -1}
+    assert killed_run in starts and sum(u == -1 for _, u in rows) == 4 * len(starts) >= 12
     c = counts(killed_run)
     assert c["checkpoints"] == UPDATES and c["dup_steps"] == 0 and c["steps"] == 2 * 4 * UPDATES
     listed = subprocess.run(
