@@ -6,10 +6,12 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm.exc import StaleDataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api.middleware import RateLimit, SecurityHeaders
 from services.api.prom import api_registry
@@ -75,7 +77,35 @@ def _ui_bad_query(request: Request, detail: list[dict]) -> Response:
         return bad_query_page(request, db, errors)
 
 
+def _wants_html(request: Request) -> bool:
+    """A browser asking for a page (its Accept names HTML), not an API client or a script."""
+    accept = request.headers.get("accept", "")
+    return (
+        request.method in ("GET", "HEAD")
+        and not request.url.path.startswith("/api")
+        and "text/html" in accept
+    )
+
+
+def _ui_not_found(request: Request) -> Response:
+    from services.api.auth import lookup_token, raw_token
+    from services.api.routes.ui import render
+    from shared.db.session import session_scope
+
+    with session_scope() as db:
+        token = lookup_token(db, raw_token(request))
+        message = f"Nothing at {request.url.path[:200]}: no page has this address."
+        return render(request, "error.html", token, 404, message=message, title="Not found")
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # An address no route serves: a page for a browser, JSON for an API client.
+        if exc.status_code == 404 and _wants_html(request):
+            return await run_in_threadpool(_ui_not_found, request)
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(NotFound)
     @app.exception_handler(BlobNotFound)
     async def not_found(_: Request, exc: Exception) -> JSONResponse:

@@ -62,8 +62,10 @@ class StepFilter(BaseModel):
 
     verdict: Verdict | None = Field(
         None,
-        description="corrected: the corrector disagreed; correct: it agreed; failed: the "
-        "correction failed; pending: not back yet; none: never sent (e.g. malformed output)",
+        description="corrected: the corrector disagreed and corrected the thought (its "
+        "correction records the verdict `incorrect`, also accepted here); correct: it agreed; "
+        "failed: the correction failed; pending: not back yet; none: never sent (e.g. "
+        "malformed output)",
     )
     format_valid: bool | None = Field(None, description="Whether the output parsed (JSON format)")
     action: str | None = Field(None, max_length=200, description="The executed action, exactly")
@@ -77,9 +79,12 @@ class StepFilter(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _blank_is_unset(cls, data: Any) -> Any:
-        """A form sends its empty fields as '': they mean 'any'."""
+        """A form sends its empty fields as '': they mean 'any'. The correction record's word
+        for a corrected thought, `incorrect`, reads as the search's `corrected`."""
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
+            data = {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
+            if data.get("verdict") == "incorrect":
+                data["verdict"] = "corrected"
         return data
 
     @field_validator("q", "action")
@@ -365,3 +370,31 @@ def export_rows(session: Session, run: Run, f: StepFilter) -> Iterator[dict[str,
                 "reasoning": c.reasoning if c else None,
             }  # fmt: skip
         last, sent = rows[-1].id, sent + len(rows)
+
+
+STOP_WORDS = frozenset({"the", "and", "that", "this", "with", "from", "have", "than", "then"})
+
+
+def sample_word(session: Session, run: Run) -> str | None:
+    """A word the run's agent really wrote (a value of its latest well-formed thought), for the
+    search box's placeholder: keys ("target number") are never searched, so suggest a value."""
+    import json
+
+    thought = session.scalar(
+        select(Step.thought)
+        .where(Step.run_id == run.id, Step.format_valid.is_(True), Step.thought.is_not(None))
+        .order_by(Step.id.desc())
+        .limit(1)
+    )
+    try:
+        data = json.loads(thought or "")
+    except (json.JSONDecodeError, TypeError):
+        return None
+    values = data.values() if isinstance(data, dict) else []
+    words = [
+        w
+        for v in values
+        for w in WORD.findall(v if isinstance(v, str) else json.dumps(v))
+        if len(w) >= 4 and w.isalpha() and w.lower() not in STOP_WORDS
+    ]
+    return max(words, key=len) if words else None

@@ -77,6 +77,19 @@ def latest_metrics(session: Session, run_id: int) -> dict[str, Any]:
     return merged
 
 
+def latest_eval(session: Session, run_id: int) -> tuple[float, int] | None:
+    """The latest greedy evaluation's success rate and the update it followed: the figure to
+    judge learning by, kept between evaluations (most updates have none)."""
+    value = Update.metrics["eval/success_rate"].as_float()
+    row = session.execute(
+        select(value, Update.idx)
+        .where(Update.run_id == run_id, value.is_not(None))
+        .order_by(Update.idx.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (float(row[0]), int(row[1]))
+
+
 def sends_to_corrector(run: Run) -> bool:
     """RunConfig.uses_corrector read from the stored config (no re-validation of old runs)."""
     judge = float(((run.config or {}).get("train") or {}).get("judge_reward") or 0)
@@ -109,10 +122,12 @@ def _aware(t: datetime, like: datetime) -> datetime:
 
 def run_timing(session: Session, run: Run) -> dict[str, Any]:
     """Elapsed seconds of work (time spent cancelled or failed before a resume left out) and an
-    ETA from the current phase's own rate: the warm start's steps per second while it runs
-    (``eta_of`` "warm start": the updates' rate is not known yet), then the mean wall time of
-    the last few updates (their ``update_s``, which no warm start is part of)."""
+    ETA at each stage's own measured rate, counting down within the stage: during the warm
+    start, its current stage's steps per second as last reported (``eta_of`` "warm start": the
+    updates' rate is not known yet); then the recent updates' rollout, training, evaluation and
+    other seconds, each stage's time left being its mean less the time it has already run."""
     from shared.db.models import utcnow
+    from shared.phase import run_left_s, stage_seconds
 
     out: dict[str, Any] = {"elapsed_s": None, "eta_s": None, "eta_of": None}
     if run.started_at is None:
@@ -123,22 +138,44 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
     out["elapsed_s"] = max(0.0, (end - _aware(run.started_at, end)).total_seconds() - paused)
     if run.finished_at is not None or run.status != "running":
         return out
-    step, total = run.phase_step or 0, run.phase_total or 0
-    if run.phase == "warm_start" and run.phase_at is not None and 0 < step < total:
-        spent = (now - _aware(run.phase_at, now)).total_seconds()
-        out["eta_s"], out["eta_of"] = spent / step * (total - step), "warm start"
+    if run.phase == "warm_start":
+        eta = (run.info or {}).get("eta") or {}
+        try:
+            at = _aware(datetime.fromisoformat(eta["at"]), now)
+            if run.phase_at is None or at >= _aware(run.phase_at, now):  # this warm start's
+                left = float(eta["left_s"]) - (now - at).total_seconds()
+                out["eta_s"], out["eta_of"] = max(0.0, left), "warm start"
+        except (KeyError, TypeError, ValueError):
+            pass
         return out
-    left = run.num_updates - run.updates_done
-    if left > 0 and run.updates_done:
-        rows = session.scalars(
-            select(Update.metrics)
-            .where(Update.run_id == run.id, Update.idx < run.updates_done)
-            .order_by(Update.idx.desc())
-            .limit(RATE_WINDOW)
-        ).all()
-        seconds = [float(m["update_s"]) for m in rows if isinstance(m.get("update_s"), int | float)]
-        if seconds:
-            out["eta_s"], out["eta_of"] = sum(seconds) / len(seconds) * left, "run"
+    if run.updates_done < 1 or run.updates_done >= run.num_updates:
+        return out
+    rows = session.scalars(
+        select(Update.metrics)
+        .where(Update.run_id == run.id, Update.idx < run.updates_done)
+        .order_by(Update.idx.desc())
+        .limit(RATE_WINDOW)
+    ).all()
+    stages = stage_seconds(list(rows))
+    if stages is None:
+        return out
+    metrics = (run.config or {}).get("metrics") or {}
+    in_phase = (now - _aware(run.phase_at, now)).total_seconds() if run.phase_at else 0.0
+    phase = run.phase
+    if phase in ("training", "evaluating") and not session.scalar(
+        select(Update.id).where(Update.run_id == run.id, Update.idx == run.updates_done)
+    ):  # the update under way has not rolled out: the phase is still the last one's end
+        phase, in_phase = "rollout", 0.0
+    out["eta_s"] = run_left_s(
+        stages,
+        phase,
+        max(0.0, in_phase),
+        run.updates_done,
+        run.num_updates,
+        int(metrics.get("eval_every", 1) or 1),
+        int(metrics.get("eval_episodes", 0) or 0),
+    )
+    out["eta_of"] = "run"
     return out
 
 

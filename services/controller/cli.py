@@ -316,6 +316,9 @@ def coverage_cell(m: dict[str, Any]) -> str:
     return text
 
 
+ETA_EVERY_S = 10.0  # `gtr run watch`: a phase line at least this often while an ETA counts down
+
+
 @run.command("watch")
 @click.argument("run_id", type=int)
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.2, 600))
@@ -325,7 +328,7 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
     corrections, training, evaluating) and a line per finished update; exits non-zero unless
     it completed."""
     client = _client(url, token)
-    seen, phase = 0, ""
+    seen, phase, said = 0, "", 0.0
     while True:
         r = _call(client, "GET", f"/api/runs/{run_id}")
         # Every update finished since the last look, each with its own metrics.
@@ -339,8 +342,11 @@ def run_watch(run_id: int, interval: float, url: str | None, token: str | None) 
             seen = done[-1]["idx"] + 1
         # A rollout's step count moves too fast to be worth a line; a warm start's chunks do not.
         now = r.get("phase") or "", r.get("phase_step") if r.get("phase") == "warm_start" else None
-        if r["status"] == "running" and str(now) != phase:
-            phase = str(now)
+        # A phase line when the phase changes, and while it goes on, every ETA_EVERY_S with
+        # the ETA counted down (a long update or warm start is not a frozen figure).
+        ticking = r.get("eta_s") is not None and time.monotonic() - said >= ETA_EVERY_S
+        if r["status"] == "running" and (str(now) != phase or ticking):
+            phase, said = str(now), time.monotonic()
             click.echo(f"[{r['status']}] {phase_text(r)}")
         if r["status"] in ("completed", "degraded", "failed", "cancelled", "superseded"):
             if r["error"]:

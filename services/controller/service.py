@@ -226,8 +226,9 @@ class RunDriver:
         deals: list[DealOutcome] = []  # each deal's outcome, for the studies' statistics
         # After the first update (a baseline close to the warm start), every N-th and the last.
         if episodes and (u == 0 or (u + 1) % every == 0 or u + 1 == self.cfg.train.num_updates):
+            began = time.monotonic()
             deals = evaluate_deals(self.envs, self.policy, self.cfg, episodes)
-            extra |= summarize(deals)
+            extra |= summarize(deals) | {"eval_s": time.monotonic() - began}  # for the ETA
         with session_scope() as s:
             row, run = store.update_row(s, self.run_id, u), store.run_row(s, self.run_id)
             if deals:

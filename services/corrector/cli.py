@@ -174,6 +174,14 @@ def add(
             )
     except RegistryError as e:
         raise click.ClickException(str(e)) from None
+    from services.corrector.base import CorrectorError
+    from services.corrector.egress import check_destination
+
+    try:  # what Test and every run would refuse, said now (the API refuses to register it)
+        check_destination(base_url or "", get_settings())
+    except CorrectorError as e:
+        if e.kind == "config":
+            click.echo(f"warning: calls to it will be refused: {e.reason}", err=True)
     click.echo(f'try it: gtr corrector test {name}; use it: [corrector] name = "{name}"')
 
 

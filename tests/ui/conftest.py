@@ -82,3 +82,18 @@ def shot(page, name: str) -> Path:  # type: ignore[no-untyped-def]
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def v3_study(pg_url: str) -> tuple[int, str]:
+    """The v3 study (docs/results/v3/study.json.gz: 63 finished runs) imported with the
+    product's importer into a team of its own, and a read token of that team."""
+    from services.api.auth import create_token
+    from services.study.bundle import import_study, read_bundle
+    from shared.db.session import session_scope
+
+    bundle = read_bundle(Path(__file__).resolve().parents[2] / "docs/results/v3/study.json.gz")
+    with session_scope(pg_url) as s:
+        study_id = import_study(s, bundle, team="v3-ui").study_id
+        token = create_token(s, "v3-ui-read", "read", "v3-ui")[1]
+    return study_id, token

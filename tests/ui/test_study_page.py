@@ -50,7 +50,8 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
     for c in group.cost:
         assert c.minutes is not None and c.cpu_minutes is not None
         assert f"{c.arm} {c.minutes:.1f} ({c.cpu_minutes:.1f} CPU)" in cost
-    # Secondary and collapse figures are labelled so.
+    # Secondary and collapse figures are labelled so (folded below the primary table).
+    page.click("details.secondary-fold summary")
     labels = page.locator("h4.secondary-label").all_inner_texts()
     assert any(t.startswith("secondary: eval/episode_return") for t in labels)
     assert any(t.startswith("collapse monitor · secondary: probe_relevance") for t in labels)

@@ -33,6 +33,22 @@ def _http_errors() -> Iterator[None]:
         raise HTTPException(e.status_code, str(e)) from e
 
 
+def _outbound_allowed(url: str | None, settings: Settings) -> None:
+    """Refuse at registration an address that every call (Test and runs alike) would refuse:
+    loopback, private or link-local while private networks are not allowed. A host that does
+    not resolve yet is left to Test, which says so."""
+    from services.corrector.base import CorrectorError
+    from services.corrector.egress import check_destination
+
+    if not url:
+        return
+    try:
+        check_destination(url, settings)
+    except CorrectorError as e:
+        if e.kind == "config":
+            raise HTTPException(422, f"base_url: {e.reason}") from None
+
+
 @router.post("", status_code=201, response_model=CorrectorOut)
 def create(
     body: CorrectorCreate,
@@ -41,6 +57,7 @@ def create(
     settings: Settings = Depends(get_settings),
 ) -> CorrectorOut:
     """Register a corrector (admin)."""
+    _outbound_allowed(body.base_url, settings)
     with _http_errors():
         return registry.to_out(registry.create_corrector(db, body, token.team, settings))
 
@@ -73,6 +90,7 @@ def update(
     settings: Settings = Depends(get_settings),
 ) -> CorrectorOut:
     """Change a corrector's URL, model, params or key (admin)."""
+    _outbound_allowed(patch.base_url, settings)
     with _http_errors():
         row = registry.get_corrector(db, token, corrector_id)
         return registry.to_out(registry.update_corrector(db, row, patch, settings))

@@ -236,12 +236,15 @@ def steps_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLRespons
     except service.NotFound:
         return not_found_page(request, me, f"run {run_id}")
     f, cursors, errors = read_form(dict(request.query_params))
+    word = search.sample_word(db, run)
+    placeholder = f"e.g. {word} (words the agent wrote)" if word else "words the agent wrote"
     query = urlencode(f.query_string())
     base = f"/runs/{run.id}/steps?" + (query + "&" if query else "")
     if errors:  # the form, its errors and no results: a search on half the form would mislead
         return render(
             request, "steps.html", me, 422, run=run, f=f, errors=errors, hits=[],
             verdicts=VERDICT_NAMES, total=0, capped=False, text=False, pages={}, query=query,
+            placeholder=placeholder,
         )  # fmt: skip
     hits = search.search_steps(db, run, f, PAGE_SIZE, after=cursors.after, before=cursors.before)
     return render(
@@ -261,4 +264,5 @@ def steps_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLRespons
             "later": None if hits.next_after is None else f"{base}after={hits.next_after}",
         },
         query=query,
+        placeholder=placeholder,
     )

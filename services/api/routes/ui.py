@@ -17,13 +17,13 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from services.api import service
+from services.api import runlist, service
 from services.api.auth import COOKIE_NAME, from_our_pages, lookup_token, raw_token
 from services.api.deps import get_db
 from services.api.diff import readable, word_diff
 from services.api.launch import check_launch
 from services.controller.correction_stats import failure_reasons, run_totals
-from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken, Episode
+from shared.db.models import RUN_STATUSES, TERMINAL_STATUSES, ApiToken, Episode, Run
 from shared.schemas import RunConfig
 
 HERE = FsPath(__file__).resolve().parent.parent
@@ -174,10 +174,13 @@ def runs_page(
     db: Db,
     me: User,
     status: str | None = None,
+    study: str | None = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
     page: PageNo = 1,
     clone: Annotated[int | None, Query(ge=1, le=INT32)] = None,
 ) -> HTMLResponse:
-    """Every run of the team, newest first; ``clone`` fills the launch form with a run's config."""
+    """The team's runs by recent activity (running first), filtered by status, study and name;
+    a study's runs fold into one row. ``clone`` fills the launch form with a run's config."""
     ctx: dict[str, Any] = {}
     if clone is not None:
         try:
@@ -185,33 +188,71 @@ def runs_page(
             ctx["open_launch"] = True
         except service.NotFound:
             return not_found_page(request, me, f"run {clone}")
-    return _runs(request, db, me, status if status in RUN_STATUSES else None, max(1, page), **ctx)
+    state, study_id = (status or "").strip() or None, (study or "").strip() or None
+    filter_errors = []
+    if state is not None and state not in RUN_STATUSES:
+        filter_errors.append(f"status: one of {', '.join(RUN_STATUSES)} (blank for all)")
+        state = None
+    if (
+        study_id is not None
+        and study_id != runlist.NO_STUDY
+        and not re.fullmatch(r"[1-9][0-9]{0,8}", study_id)
+    ):
+        filter_errors.append("study: a study of the list (blank for all)")
+        study_id = None
+    filters = {"status": state, "study": study_id, "name": (name or "").strip() or None}
+    code = 422 if filter_errors else 200
+    return _runs(request, db, me, filters, max(1, page), code, filter_errors=filter_errors, **ctx)
 
 
 def _runs(
     request: Request,
     db: Session,
     me: ApiToken,
-    state: str | None,
+    filters: dict[str, str | None],
     page: int,
     code: int = 200,
     **ctx: Any,
 ) -> HTMLResponse:
-    rows, total = service.list_runs(db, me, state, PAGE_SIZE, (page - 1) * PAGE_SIZE)
-    runs = [(r, service.latest_metrics(db, r.id), service.run_timing(db, r)) for r in rows]
+    if ctx.get("filter_errors"):  # no list under a filter the page could not read
+        listing = runlist.Listing([], 0, [])
+    else:
+        listing = runlist.list_runs(
+            db, me, filters.get("status"), filters.get("study"), filters.get("name"),
+            PAGE_SIZE, (page - 1) * PAGE_SIZE,
+        )  # fmt: skip
+    runs = [
+        (r, _with_eval(db, r.id), service.run_timing(db, r))
+        if isinstance(r, Run)
+        else (r, None, None)
+        for r in listing.rows
+    ]
+    query = urlencode({k: v for k, v in filters.items() if v})
     return render(
         request,
         "runs.html",
         me,
         code,
         runs=runs,
-        status=state,
-        pager=_pages(total, page),
+        status=filters.get("status"),
+        filters=filters,
+        studies=listing.studies,
+        no_study=runlist.NO_STUDY,
+        query=query,
+        pager=_pages(listing.total, page),
         statuses=RUN_STATUSES,
         presets=_presets(),
         page_size=PAGE_SIZE,
         **ctx,
     )
+
+
+def _with_eval(db: Session, run_id: int) -> dict[str, Any]:
+    """The latest metrics, with the latest evaluation kept between evaluations."""
+    latest = service.latest_metrics(db, run_id)
+    if latest.get("eval/success_rate") is None and (ev := service.latest_eval(db, run_id)):
+        latest["eval/success_rate"] = ev[0]
+    return latest
 
 
 def parse_config(text: str) -> tuple[RunConfig | None, list[str]]:
@@ -239,11 +280,11 @@ def launch(
     _writer(request, me)
     parsed, errors = parse_config(config)
     if parsed is None:
-        return _runs(request, db, me, None, 1, 422, errors=errors, config_text=config)
+        return _runs(request, db, me, {}, 1, 422, errors=errors, config_text=config)
     try:
         run = service.create_run(db, check_launch(db, parsed, me.team), me.team)
     except service.Invalid as e:
-        return _runs(request, db, me, None, 1, 422, errors=[str(e)], config_text=config)
+        return _runs(request, db, me, {}, 1, 422, errors=[str(e)], config_text=config)
     db.commit()
     return RedirectResponse(f"/runs/{run.id}", status.HTTP_303_SEE_OTHER)
 
@@ -321,6 +362,7 @@ def run_page(request: Request, run_id: RunId, db: Db, me: User) -> HTMLResponse:
         failure_reasons=failure_reasons(db, run.id) if latest.get("corrections_alarm") else [],
         run=run,
         latest=latest,
+        last_eval=service.latest_eval(db, run.id),
         timing=service.run_timing(db, run),
         all_failed=latest.get("corrections", 0) > 0
         and latest.get("corrections_failed") == latest.get("corrections"),
@@ -350,14 +392,18 @@ def resume(request: Request, run_id: RunId, db: Db, me: User) -> Response:
     return back_to_run(run_id)
 
 
+COMPARE_MAX = 64  # a study cell's runs: both arms of a comparison over every seed
+
+
 @router.get("/compare")
 def compare_page(
     request: Request,
     db: Db,
     me: User,
-    runs: Annotated[list[int] | None, Query(max_length=8)] = None,
+    runs: Annotated[list[int] | None, Query(max_length=COMPARE_MAX)] = None,
 ) -> HTMLResponse:
-    """Overlay the curves of a few runs (e.g. GTR against RL4VLM)."""
+    """Overlay the curves of runs (e.g. GTR against RL4VLM, or every run behind a study's
+    cell): all of those asked for, up to COMPARE_MAX."""
     shown, missing = [], []
     for run_id in dict.fromkeys(runs or []):
         try:
@@ -407,6 +453,11 @@ def episodes_page(
     upd = int(update) if update and re.fullmatch(r"[0-9]{1,9}", update.strip()) else None
     errors = [] if upd is not None or not (update or "").strip() else [UPDATE_ERROR]
     ok, corr = _tristate(success), _tristate(corrected)
+    # One rule for every page's filters, as the step search: a value the form cannot hold is
+    # named in the form (422), never silently dropped.
+    for name, raw, got in (("success", success, ok), ("corrected", corrected, corr)):
+        if got is None and (raw or "").strip():
+            errors.append(f"{name}: true or false (blank for any)")
     filters = {"update": upd, "success": ok, "corrected": corr}
     page = max(1, page)
     # Newest first, as the runs list: the pager's "Older →" then opens older episodes.

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from services.api.routes.search import _csv
 from services.api.routes.ui import PAGE_SIZE, Db, User, not_found_page, render
 from services.study import service
+from services.study.outputs import ComparisonOut
 from services.study.report import MetricBlock, StudyReport, build_report
-from shared.db.models import ApiToken
+from shared.db.models import ApiToken, Run, Study, Update
 
 router = APIRouter(include_in_schema=False)
 StudyId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -40,12 +45,96 @@ CSV_COLUMNS = [
 ]
 
 
+# Built reports, by study and a fingerprint of what they are built from: the study's row and
+# spec, each of its runs' status and progress, and its newest update row. A finished study's
+# page is then one cheap query away from its report (building the v3 study's takes seconds of
+# bootstrap); a live study's is rebuilt when that changes, and at least every LIVE_TTL_S (a
+# late correction rewrites an update's figures in place).
+_CACHE: OrderedDict[int, tuple[tuple[Any, ...], float, StudyReport]] = OrderedDict()
+CACHE_SIZE = 8
+LIVE_TTL_S = 15.0
+
+
+def _fingerprint(db: Session, study: Study) -> tuple[Any, ...]:
+    runs = db.execute(
+        select(Run.id, Run.status, Run.updates_done, Run.study_attempt).where(
+            Run.study_id == study.id
+        )
+    ).all()
+    newest = db.scalar(
+        select(func.max(Update.id))
+        .join(Run, Run.id == Update.run_id)
+        .where(Run.study_id == study.id)
+    )
+    spec = json.dumps(study.spec, sort_keys=True, default=str)
+    return (study.status, study.updated_at, spec, tuple(sorted(tuple(r) for r in runs)), newest)
+
+
 def _report(db: Db, me: ApiToken, study_id: int) -> StudyReport | None:
-    try:
-        service.get_study(db, me, study_id)  # the team's (an admin token sees every team's)
+    try:  # the team's (an admin token sees every team's)
+        study = service.get_study(db, me, study_id)
     except service.StudyNotFound:
         return None
-    return build_report(db, study_id)
+    key, now = _fingerprint(db, study), time.monotonic()
+    hit = _CACHE.get(study_id)
+    live = study.status in service.ACTIVE
+    if hit is not None and hit[0] == key and not (live and now - hit[1] > LIVE_TTL_S):
+        _CACHE.move_to_end(study_id)
+        return hit[2]
+    report = build_report(db, study_id)
+    _CACHE[study_id] = (key, now, report)
+    while len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return report
+
+
+def undecided_why(c: ComparisonOut, alpha: float) -> str:
+    """Why a comparison reads "not decided", in words: no shared seed, tied seeds, too few
+    seeds for any p under alpha, seeds that disagree, or an interval that holds 0."""
+    n = len(c.seeds)
+    if c.winner is not None or not c.verdict.startswith("not decided"):
+        return ""  # decided, or refused with its reason in the verdict itself
+    if n == 0:
+        return "no seed that both arms finished"
+    ties = sum(1 for d in c.diffs if d == 0)
+    if ties == n:
+        return f"tied at every seed ({c.a} − {c.b} = 0 at each of {n})"
+    tied = f"{ties} of {n} seeds tied (difference 0); " if ties else ""
+    untied = n - ties
+    smallest = 2 / 2**untied
+    if smallest >= alpha:
+        return (
+            f"{tied}with {untied} untied seed{'s' if untied != 1 else ''} the smallest possible "
+            f"p is {smallest:.3g}, not under α = {alpha:g}: more seeds are needed"
+        )
+    better = sum(1 for d in c.diffs if d > 0)
+    worse = untied - better
+    if c.p_holm is not None and c.p_value is not None and c.p_value < alpha <= c.p_holm:
+        return (
+            f"{tied}p = {c.p_value:.3g} is under α = {alpha:g}, but not after Holm's adjustment "
+            f"over the task's confirmatory comparisons (p = {c.p_holm:.3g})"
+        )
+    if c.p_value is not None and c.p_value >= alpha:
+        return (
+            f"{tied}the seeds disagree: {c.a} ahead at {better}, {c.b} at {worse} "
+            f"(p = {c.p_value:.3g} ≥ α = {alpha:g})"
+        )
+    iv = c.mean_diff
+    if iv.low is not None and iv.high is not None:
+        return f"{tied}the 95 % interval of {c.a} − {c.b}, [{iv.low:.3f}, {iv.high:.3f}], holds 0"
+    return f"{tied}no interval over the seeds"
+
+
+def shown_comparisons(block: MetricBlock) -> list[ComparisonOut]:
+    """The comparisons worth a row: not those with an arm that records no value of the metric
+    (RL4VLM has no corrector accuracy), which could only read "not decided at 0 seeds"."""
+    valued = {a.arm for a in block.arms if a.scores}
+    return [c for c in block.comparisons if c.seeds or (c.a in valued and c.b in valued)]
+
+
+def unvalued_arms(block: MetricBlock) -> list[str]:
+    """Arms with finished runs that record no value of this metric."""
+    return [a.arm for a in block.arms if not a.scores]
 
 
 @router.get("/studies")
@@ -71,25 +160,66 @@ def study_page(request: Request, study_id: StudyId, db: Db, me: User) -> HTMLRes
     report = _report(db, me, study_id)
     if report is None:
         return not_found_page(request, me, f"study {study_id}")
-    curves = [
-        {
-            "id": f"g{i}",
-            "metrics": [
-                {"metric": b.metric, "label": b.label, "role": b.role}
-                for b in [g.primary, *g.secondary]
-            ],
-            "curves": [c.model_dump(mode="json") for c in g.curves],
-            "arms": g.arms,
-        }
-        for i, g in enumerate(report.groups)
-    ]
-    return render(request, "study.html", me, report=report, curves=curves, arm_runs=_arm_runs)
+    return render(
+        request,
+        "study.html",
+        me,
+        report=report,
+        arm_runs=_arm_runs,
+        compare_url=_compare_url,
+        why=undecided_why,
+        shown=shown_comparisons,
+        unvalued=unvalued_arms,
+    )
+
+
+@router.get("/studies/{study_id}/curves.json")
+def study_curves(study_id: StudyId, db: Db, me: User) -> Response:
+    """The study page's learning curves (mean and band per arm and metric), fetched by the
+    page's script after the tables: the page itself stays small."""
+    report = _report(db, me, study_id)
+    if report is None:
+        return JSONResponse({"detail": f"study {study_id} not found"}, 404)
+    return JSONResponse(
+        [
+            {
+                "id": f"g{i}",
+                "metrics": [
+                    {"metric": b.metric, "label": b.label, "role": b.role}
+                    for b in [g.primary, *g.secondary]
+                ],
+                "curves": [
+                    {
+                        "arm": c.arm,
+                        "metric": c.metric,
+                        "points": [
+                            {
+                                "update": p.update,
+                                "mean": round(p.mean, 4),
+                                "low": None if p.low is None else round(p.low, 4),
+                                "high": None if p.high is None else round(p.high, 4),
+                            }
+                            for p in c.points
+                        ],
+                    }
+                    for c in g.curves
+                ],
+                "arms": g.arms,
+            }
+            for i, g in enumerate(report.groups)
+        ]
+    )
+
+
+def _compare_url(run_ids: list[int]) -> str:
+    """The compare page of exactly these runs (every one: its title counts them)."""
+    return "/compare?" + "&".join(f"runs={r}" for r in run_ids)
 
 
 def _arm_runs(block: MetricBlock, arm: str) -> str:
-    """The compare page of an arm's scored runs (up to the page's 8)."""
+    """The compare page of an arm's scored runs."""
     runs = next((a.runs for a in block.arms if a.arm == arm), {})
-    return "/compare?" + "&".join(f"runs={r}" for _, r in sorted(runs.items())[:8])
+    return _compare_url([r for _, r in sorted(runs.items())])
 
 
 @router.get("/studies/{study_id}/report.json")

@@ -65,10 +65,20 @@ gtr.charts = {
     return out;
   },
 
-  tick(v) {
+  tick(v, digits = 3) {
     if (v === 0) return '0';
     const a = Math.abs(v);
-    return a < 0.01 || a >= 1e5 ? v.toExponential(1) : String(+v.toPrecision(3));
+    return a < 0.01 || a >= 1e5 ? v.toExponential(digits - 2) : String(+v.toPrecision(digits));
+  },
+
+  // An axis's labels, with as many digits as it takes to tell its ticks apart (a narrow range,
+  // 20.88 to 20.92, would otherwise read "20.9" four times).
+  ticks(splits) {
+    for (let digits = 3; digits <= 8; digits += 1) {
+      const out = splits.map(v => gtr.charts.tick(v, digits));
+      if (new Set(out).size === out.length) return out;
+    }
+    return splits.map(String);
   },
 
   // Exponential moving average (TensorBoard-style), nulls kept as gaps.
@@ -162,7 +172,11 @@ gtr.charts = {
       title, width: box.clientWidth || 420, height: c.HEIGHT,
       scales: {x, y: unit ? {range: [0, 1]} : {}},
       series: [{label: xLabel}, ...labels.map((label, i) => ({label, stroke: c.COLORS[i % c.COLORS.length], width: 2, spanGaps: true, points: {show: show(i), size: 6}}))],
-      axes: [xAxis, {size: 54, values: (u, splits) => splits.map(c.tick)}],
+      axes: [xAxis, {size: 54, values: (u, splits) => {
+        const out = c.ticks(splits);
+        box.dataset.yTicks = out.join('|');
+        return out;
+      }}],
       hooks,
     };
     return new uPlot(opts, data, box);

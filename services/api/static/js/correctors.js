@@ -37,13 +37,15 @@
       el('button', {type: 'button', disabled: !canTest, title: canTest ? 'send one sample state' : 'needs a write token', onclick: () => testCorrector(c, result)}, 'Test'),
       scope === 'admin' ? el('button', {type: 'button', class: 'danger', onclick: () => remove(c)}, 'Delete') : '',
       result);
+    // As the oracle's row: p95 then mean, with the digits a sub-millisecond figure needs.
+    const ms = v => (v >= 10 ? v.toFixed(0) : v >= 1 ? v.toFixed(1) : String(+v.toPrecision(2)));
     return el('tr', {'data-corrector': c.name},
       el('td', {}, el('b', {}, c.name)), el('td', {}, c.kind), el('td', {}, el('code', {}, c.base_url || '–')),
       el('td', {}, c.model || '–'), el('td', {}, c.api_key_set ? 'stored' : (c.api_key_env ? `$${c.api_key_env}` : '–')),
       el('td', {class: 'num'}, s ? String(s.total) : '–'),
       el('td', {class: 'num' + (s && s.failure_rate > 0.1 ? ' bad' : '')}, s ? pct(s.failure_rate) : '–'),
       el('td', {class: 'num'}, s ? pct(s.incorrect_rate) : '–'),
-      el('td', {class: 'num'}, s && s.latency_mean_ms != null ? `${num(s.latency_mean_ms, 0)} / ${num(s.latency_p95_ms, 0)} ms` : '–'),
+      el('td', {class: 'num'}, s && s.latency_mean_ms != null ? `${ms(s.latency_p95_ms)} · ${ms(s.latency_mean_ms)} ms` : '–'),
       el('td', {class: 'num'}, s ? s.tokens.toLocaleString() : '–'),
       actions);
   }

@@ -13,31 +13,23 @@
   const TERMINAL = ['completed', 'degraded', 'failed', 'cancelled', 'superseded'];
   const table = document.getElementById('runs-table');
 
-  function update(row, run) {
-    const status = row.querySelector('[data-field=status] .status');
-    status.textContent = run.status; status.className = `status status-${run.status}`;
-    const pct = run.num_updates ? 100 * run.updates_done / run.num_updates : 0;
-    row.querySelector('.progress .bar').style.width = `${pct.toFixed(1)}%`;
-    row.querySelector('.progress span').textContent = `${run.updates_done}/${run.num_updates}`;
-    row.querySelector('[data-field=success]').textContent = gtr.pct(run.latest_metrics.success_rate);
-    row.querySelector('[data-field=eval]').textContent = gtr.pct(run.latest_metrics['eval/success_rate']);
-    row.querySelector('[data-field=phase]').textContent = gtr.phaseText(run);
-    row.querySelector('[data-field=timing]').textContent = gtr.timingText(run);
-    row.classList.toggle('alarmed', run.alarm);
-    row.querySelector('[data-field=alarm]').replaceChildren(run.alarm ? gtr.el('span', {class: 'alarm'}, '⚠ collapse') : '');
-  }
-
-  // One request per refresh: the same page of the list the server rendered.
+  // While a run on the page is live, the page's own rows are read again (the same address:
+  // the same filters, order and page) and swapped in, as a reload would show them.
   async function refresh() {
-    const live = () => [...table.querySelectorAll('tr[data-run-id]')]
-      .filter(r => !TERMINAL.includes(r.querySelector('[data-field=status] .status').textContent));
-    if (!live().length) return;
+    const live = [...table.querySelectorAll('tr[data-run-id] [data-field=status] .status, tr.study-row .status-running, tr.study-row .status-queued')]
+      .filter(s => !TERMINAL.includes(s.textContent));
+    if (!live.length) return;
     try {
-      const query = new URLSearchParams({limit: '50', offset: table.dataset.offset});
-      if (table.dataset.status) query.set('status', table.dataset.status);
-      const page = await gtr.api(`/api/runs?${query}`);
-      const byId = new Map(page.items.map(r => [String(r.id), r]));
-      for (const row of live()) if (byId.has(row.dataset.runId)) update(row, byId.get(row.dataset.runId));
+      const res = await fetch(location.href, {credentials: 'same-origin', headers: {Accept: 'text/html'}});
+      if (res.ok && !res.redirected) {
+        const doc = new DOMParser().parseFromString(await res.text(), 'text/html');
+        const fresh = doc.querySelector('#runs-table tbody');
+        const picked = new Set([...table.querySelectorAll('input[name=runs]:checked')].map(i => i.value));
+        if (fresh) {
+          table.tBodies[0].replaceWith(document.importNode(fresh, true));
+          table.querySelectorAll('input[name=runs]').forEach((i) => { i.checked = picked.has(i.value); });
+        }
+      }
     } catch (err) { console.warn('refresh failed', err); }
     setTimeout(refresh, REFRESH_MS);
   }

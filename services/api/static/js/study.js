@@ -1,8 +1,7 @@
 // Study page: per metric, one chart with each arm's mean curve over seeds and its 95 % band
 // (uPlot bands between the band's high and low series), in charts.js's look.
 (() => {
-  const {COLORS, HEIGHT, tick, resizeOnWindow} = gtr.charts;
-  const groups = JSON.parse(document.getElementById('study-curves').dataset.curves || '[]');
+  const {COLORS, HEIGHT, ticks, resizeOnWindow} = gtr.charts;
   const charts = [];
 
   function rgba(hex, alpha) {
@@ -35,11 +34,14 @@
     const opts = {
       title, width: box.clientWidth || 420, height: HEIGHT, series, bands,
       scales: {x, y: unit ? {range: [0, 1]} : {}},
-      axes: [{label: 'update', size: 36, labelSize: 14}, {size: 54, values: (u, splits) => splits.map(tick)}],
+      axes: [{label: 'update', size: 36, labelSize: 14}, {size: 54, values: (u, splits) => ticks(splits)}],
     };
     return new uPlot(opts, data, box);
   }
 
+  // The curves come after the page (its tables and verdicts are the answer; the curves are
+  // the largest part of the report): /studies/ID/curves.json.
+  function draw(groups) {
   document.querySelectorAll('.study-charts').forEach((root) => {
     const g = groups[Number(root.dataset.group)];
     root.replaceChildren();
@@ -55,5 +57,17 @@
     if (!root.children.length) root.append(gtr.el('p', {class: 'muted empty'}, 'No run of this task has recorded an update yet.'));
     root.dataset.charts = String(root.querySelectorAll('.study-chart').length);
   });
+  }
+
+  // A chart drawn inside a folded section has no width yet: redraw it at its box's width once
+  // the section opens.
+  document.querySelectorAll('details.curves-fold').forEach((d) => d.addEventListener('toggle', () => {
+    if (d.open) charts.filter(c => d.contains(c.box)).forEach(c => c.plot.setSize({width: c.box.clientWidth || 420, height: HEIGHT}));
+  }));
+  const url = document.getElementById('study-curves').dataset.url;
+  fetch(url, {credentials: 'same-origin', headers: {Accept: 'application/json'}})
+    .then((res) => { if (!res.ok) throw new Error(res.statusText || String(res.status)); return res.json(); })
+    .then(draw)
+    .catch(err => document.querySelectorAll('.study-charts').forEach(r => r.replaceChildren(gtr.el('p', {class: 'error'}, `Could not load the curves: ${err.message}`))));
   resizeOnWindow(() => charts);
 })();

@@ -1,0 +1,63 @@
+"""The v3 study's page, as imported by the product's own importer (63 finished runs): the
+answer to its question comes first, above the fold; the tables, curves and runs follow, folded
+where long; every undecided verdict says why; every "compare N runs" link compares N runs; no
+comparison on a metric one of its arms never records (issue 58, item 2)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.ui.conftest import login, shot
+
+
+def test_v3_study_answers_first(page, base_url: str, v3_study: tuple[int, str]) -> None:  # type: ignore[no-untyped-def]
+    sid, token = v3_study
+    login(page, base_url, token, f"/studies/{sid}")
+    # The question's answer, and every primary verdict, come before any table of a group.
+    statements = page.locator("#answers .axis-statement")
+    assert statements.count() == 2  # EZPoints and Points24
+    assert "gtr − sft_only" in statements.first.inner_text()
+    box = statements.first.bounding_box()
+    assert box is not None and box["y"] + box["height"] < 1000  # in the first screen
+    answers_y = page.locator("#answers").bounding_box()["y"]
+    assert answers_y < page.locator(".study-group").first.bounding_box()["y"]
+    rows = page.locator("table.study-verdicts tbody tr")
+    assert rows.count() == 18  # 6 task x variant groups x 3 pairs of arms
+    # Each undecided verdict says why, beside the seeds the observed effect needs; a refused
+    # or decided one carries its reason in the verdict.
+    for i in range(rows.count()):
+        row = rows.nth(i)
+        verdict = row.locator("td.study-verdict").inner_text()
+        why = row.locator("td.why").inner_text()
+        if verdict.startswith("not decided"):
+            assert re.search(r"tied|smallest possible p|disagree|interval|Holm", why), why
+        else:
+            assert why == "", (verdict, why)
+    tied = rows.filter(has_text="points24").first.locator("td.why").inner_text()
+    assert "tied at every seed" in tied, tied  # Points24: no arm learns it, every seed 0 − 0
+    # Long parts folded: secondary metrics and the 63 runs.
+    assert page.locator("details.secondary-fold[open]").count() == 0
+    assert page.locator("details.runs-fold[open]").count() == 0
+    assert page.locator("details.runs-fold summary").inner_text().startswith("Runs (63)")
+    # No "not decided at 0 seeds": RL4VLM records no corrector accuracy, so it is not compared
+    # on it, and the page says so.
+    text = page.locator("main").text_content() or ""
+    assert "at 0 seeds" not in text
+    assert "rl4vlm records no corrector/accuracy" in text
+    shot(page, "study-v3-answers")
+    # A group's curves open and draw from the curves' own address.
+    fold = page.locator("details.curves-fold").first
+    fold.locator("summary").click()
+    fold.locator(".study-charts[data-charts]").wait_for()
+    assert int(fold.locator(".study-charts").get_attribute("data-charts") or 0) >= 2
+    canvas = fold.locator(".study-chart[data-role=primary] canvas")
+    assert canvas.evaluate("c => c.width * c.height") > 10_000
+    # "compare 12 runs" opens a page comparing those 12 runs, titled so.
+    link = page.locator("#group-0 table.study-comparisons.primary a.cell-runs").first
+    n = int(re.search(r"compare (\d+) runs", link.inner_text()).group(1))  # type: ignore[union-attr]
+    assert n == 12
+    link.click()
+    page.wait_for_load_state("networkidle")
+    assert page.locator("h1").inner_text() == f"Compare {n} runs"
+    assert page.locator("table.grid tbody tr").count() == n
+    assert not page.js_errors
