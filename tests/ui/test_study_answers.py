@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from services.study.report import StudyReport
+from shared.settings import get_settings
 from tests.ui.conftest import login, shot
 
 
@@ -45,6 +47,11 @@ def test_v3_study_answers_first(page, base_url: str, v3_study: tuple[int, str]) 
     assert "at 0 seeds" not in text
     assert "rl4vlm records no corrector/accuracy" in text
     shot(page, "study-v3-answers")
+    # The finished study's report is kept in the data folder: a server started anew (or
+    # another worker) serves it without building it again.
+    kept = list((get_settings().data_dir / "cache" / "study-reports").glob(f"{sid}-*.json"))
+    assert len(kept) == 1
+    assert StudyReport.model_validate_json(kept[0].read_bytes()).id == sid
     # A group's curves open and draw from the curves' own address.
     fold = page.locator("details.curves-fold").first
     fold.locator("summary").click()
