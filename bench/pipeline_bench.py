@@ -134,10 +134,13 @@ def coverage(url: str, setting: str | None) -> None:
     from services.controller.correction_stats import run_totals
     from shared.db.models import Run
     from shared.db.session import session_scope
+    from shared.schemas import RunConfig
 
     with session_scope(url) as s:
-        run_id = s.scalar(select(Run.id).order_by(Run.id.desc()).limit(1))
-        t = run_totals(s, run_id)
+        run = s.scalar(select(Run).order_by(Run.id.desc()).limit(1))
+        if run is None or not RunConfig.model_validate(run.config).uses_corrector:
+            return
+        t = run_totals(s, run.id)
     if setting and t["corrections"]:
         done = (t["corrections_coverage"], t.get("corrections_lag", 0.0))
         COVERAGE.setdefault(setting, []).append(done)

@@ -177,20 +177,23 @@ def call_with_retries(
 
 
 RATE_S = 30.0  # the arrival rate is measured over this many seconds
+SLOW_START_STEP = 8  # the most a slow-start round trip multiplies the limit by
 
 
 class AdaptiveLimit:
-    """How many requests an endpoint gets at once. Starts at `start` and doubles after each
-    window of `limit` calls answered in time (TCP's slow start: ~log2(L) round trips to reach L
-    in flight) until the endpoint first pushes back: an overload (timeout, 429, 503, refused
-    connection) halves it, a latency above `slow_factor` x the best seen (requests queue at the
-    server) holds it; from then on AIMD adds one per window and halves per overload.
+    """How many requests an endpoint gets at once. Starts at `start`; after each window of
+    `limit` calls answered in time it grows to what the run needs (`needed`; it doubles while
+    that is unknown), by at most 8x a round trip (TCP's slow start doubles: log2(L) round trips
+    to reach L, minutes at 30 s each), until the endpoint first pushes back: an overload
+    (timeout, 429, 503, refused connection) halves it, a latency above `slow_factor` x the best
+    seen (requests queue at the server) holds it and restarts the window; from then on AIMD adds
+    one per window and halves per overload.
 
-    Little's law sizes what the run needs: arrivals per second x latency = requests in flight
-    (`needed`); slow start never doubles past it, so an endpoint is not offered more than the
-    rollout can use. A server that answers one request at a time so settles at 1-2 in flight
-    instead of timing out a queue; a hosted API grows to `max_limit` within a few round trips.
-    `adaptive=False`: always `max_limit`. Retry-After pauses every caller (`pause`)."""
+    Little's law sizes the need: arrivals per second x latency = requests in flight, or the
+    calls waiting now, whichever is more; slow start never grows past it, so an endpoint is not
+    offered more than the rollout can use. A server that answers one request at a time settles
+    at 1-2 in flight instead of timing out a queue; a hosted API grows to `max_limit` within a
+    few round trips. `adaptive=False`: always `max_limit`. Retry-After pauses every caller."""
 
     def __init__(
         self, max_limit: int, start: int = 1, adaptive: bool = True, slow_factor: float = 2.0
@@ -199,6 +202,7 @@ class AdaptiveLimit:
         self.limit = min(max(start, 1), max_limit) if adaptive else max_limit
         self.slow_start = adaptive  # doubling until the first push-back
         self.in_flight = 0
+        self.waiting = 0  # calls blocked in acquire: the backlog at this endpoint
         self.best_s: float | None = None  # lowest latency seen: the unloaded server
         self.latency_s: float | None = None  # smoothed latency (EWMA)
         self._arrivals: deque[float] = deque()  # when the calls of the last RATE_S came
@@ -220,11 +224,12 @@ class AdaptiveLimit:
 
     @property
     def needed(self) -> int | None:
-        """Requests in flight that keep up with the arrivals (Little's law: L = lambda W)."""
+        """Requests in flight that keep up with the arrivals (Little's law: L = lambda W), or
+        that clear the calls waiting now within one round trip, whichever is more."""
         rate = self.rate
         if rate is None or self.latency_s is None:
             return None
-        return max(1, math.ceil(rate * self.latency_s))
+        return max(1, math.ceil(rate * self.latency_s), self.in_flight + self.waiting)
 
     def acquire(self) -> int:
         """Waits for a slot; returns the call's ticket for `release`."""
@@ -233,8 +238,10 @@ class AdaptiveLimit:
             self._arrivals.append(now)
             while self._arrivals and self._arrivals[0] < now - RATE_S:
                 self._arrivals.popleft()
+            self.waiting += 1
             while self.in_flight >= self.limit:
                 self._cond.wait()
+            self.waiting -= 1
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             self._issued += 1
@@ -276,14 +283,18 @@ class AdaptiveLimit:
             return
         self.best_s = latency_s if self.best_s is None else min(self.best_s, latency_s)
         if latency_s > self.slow_factor * self.best_s:
-            self.slow_start = False  # requests queue at the server: hold, grow additively
+            # Requests queue at the server: hold; growing takes a window of answers in time.
+            self.slow_start, self._window = False, 0
             return
         self._window += 1
         if self._window >= self.limit and self.limit < self.max_limit:
-            grow = 1
-            if self.slow_start:  # double, but not past what the arrivals need
-                grow = max(1, min(self.limit, (self.needed or 0) - self.limit))
-            self.limit, self._window = min(self.max_limit, self.limit + grow), 0
+            grow = self.limit + 1
+            if self.slow_start:  # toward the need, at most 8x a round trip
+                need = self.needed or 2 * self.limit
+                # A window of fewer than 4 answers says little about the server: double.
+                step = SLOW_START_STEP if self.limit >= 4 else 2
+                grow = min(step * self.limit, max(self.limit + 1, need))
+            self.limit, self._window = min(self.max_limit, grow), 0
 
 
 class RateLimit:
