@@ -84,11 +84,13 @@ def test_gtr_train_embedded_completes_with_exact_counts(tmp_path, warm_checkpoin
     with session_scope(f"sqlite:///{db}") as s:
         rows = s.scalars(select(EvalOutcome).order_by(EvalOutcome.update_idx, EvalOutcome.deal))
         deals = [(o.update_idx, o.deal, o.seed, o.success) for o in rows]
+    # Update -1: the start, evaluated on the same deals before update 0.
     assert [(u, d, seed) for u, d, seed, _ in deals] == [
-        (u, d, eval_seed(d)) for u in (0, 1) for d in range(4)
+        (u, d, eval_seed(d)) for u in (-1, 0, 1) for d in range(4)
     ]
     for u, m in enumerate(evals):
         assert m["eval/success_rate"] == sum(ok for x, _, _, ok in deals if x == u) / 4
+    assert evals[0]["eval_start/success_rate"] == sum(ok for x, _, _, ok in deals if x == -1) / 4
     # Step search on what the run wrote: FTS5 kept in step by the recorder's inserts and the
     # corrections' late updates, then by a resume's deletes.
     url = f"sqlite:///{db}"
