@@ -107,6 +107,12 @@ def plan_lines(cfg: StudyConfig) -> list[str]:
     lines = [
         f"study {cfg.name}: {len(cells)} runs, {steps:,} env steps, primary {cfg.primary.label()}"
     ]
+    from services.study.tuning import plan_lines as tuning_lines
+
+    tuning, tuning_steps = tuning_lines(cfg)
+    if tuning:
+        lines += tuning
+        lines.append(f"cost with the tuning stage: at most {steps + tuning_steps:,} env steps")
     per = Counter((c.task, c.variant, c.arm) for c in cells)
     for task in cfg.tasks:
         seeds = cfg.seeds_of(task)

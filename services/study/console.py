@@ -12,6 +12,7 @@ from rich.text import Text
 from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.questions import AxisReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
+from services.study.tuning import report_lines as tuning_lines
 
 
 def num(v: float | None, digits: int = 3) -> str:
@@ -159,6 +160,8 @@ def report_renderable(report: StudyReport) -> RenderableType:
     parts += [_axis_table(ax) for ax in report.axes]
     for tr in report.trends:
         parts.append(Text(f"\ntask {tr.task}: {tr.arm}'s {tr.metric} {tr.statement}", style="bold"))
+    if report.tuning:  # the tuning stage: every trial and the choice per arm
+        parts.append(Text("\n" + "\n".join(tuning_lines(report.tuning))))
     return Group(*parts)
 
 

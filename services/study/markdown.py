@@ -16,6 +16,7 @@ from services.study.console import cost_items, interval, need_text, num, p_text
 from services.study.outputs import ComparisonOut
 from services.study.questions import AxisReport, TrendReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
+from services.study.tuning import report_lines as tuning_lines
 
 # Markdown's inline markup characters; `_` only where it could open or close emphasis (GFM
 # leaves an underscore between two word characters alone, so `sft_only` stays readable).
@@ -48,6 +49,9 @@ def render_markdown(report: StudyReport) -> str:
         lines += ["", *_axis(ax)]
     for tr in report.trends:
         lines += ["", *_trend(tr)]
+    if report.tuning:  # the tuning stage: every trial and the choice per arm
+        lines += ["", "### Tuning", ""]
+        lines += [f"- {text(line.strip())}" for line in tuning_lines(report.tuning)]
     return "\n".join(lines) + "\n"
 
 

@@ -27,6 +27,7 @@ from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.questions import AxisReport, TrendReport, axis_reports, trend_reports
 from services.study.schemas import MetricSpec, StudyConfig
 from services.study.service import MAX_ATTEMPTS, SUPERSEDED, StudyNotFound
+from services.study.tuning import ArmTuning, tuning_report
 from shared.db.models import EvalOutcome, Run, Step, Study, Update, utcnow
 
 # The collapse monitors of services/controller/metrics.py (probe_metrics), always reported
@@ -219,6 +220,10 @@ class StudyReport(BaseModel):
     trends: list[TrendReport] = Field(
         default_factory=list, description="The declared trends' answers, per task"
     )
+    tuning: list[ArmTuning] = Field(
+        default_factory=list,
+        description="The tuning stage per arm: every trial and the choice (study/tuning.py)",
+    )
     runs: list[CellRun]
 
 
@@ -263,6 +268,7 @@ def build_report(session: Session, study_id: int, team: str | None = None) -> St
         groups=groups,
         axes=axis_reports(spec, grouped, curves),
         trends=trend_reports(spec, grouped, curves),
+        tuning=tuning_report(spec, study.id),
         runs=[_cell_run(r) for r in sorted(runs, key=lambda r: r.id)],
     )
 

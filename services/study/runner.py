@@ -173,6 +173,14 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
         assert study is not None
         study.concurrency = jobs
     say(f"study {study_id}: {cfg.name} ({'resumed' if existed else 'new'}), {_size(cfg)}")
+    if cfg.tuning is not None:  # the tuning stage first; its choices go into the stored file
+        from services.study.tuning import tune
+
+        cfg = tune(cfg, study_id, jobs, say)
+        with session_scope() as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            service.replace_spec(s, study, cfg)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     children: list[Child] = []
     unreadable: str | None = None  # why this runner cannot go on with the study, once it cannot

@@ -28,6 +28,8 @@ from pydantic import (
 )
 
 from services.env.stalling import refuse_stalling
+from services.study.tuning import TuningSpec
+from services.study.tuning import check as check_tuning
 from shared.config_paths import resolve_config_paths
 from shared.payload import check_free_form, check_storable
 from shared.schemas import RunConfig
@@ -99,6 +101,9 @@ class MetricSpec(_Strict):
             self.reduce, f"mean of last {self.k}"
         )
         return f"{self.metric} ({how})"
+
+
+TuningSpec.model_rebuild(_types_namespace={"MetricSpec": MetricSpec})
 
 
 class AxisSpec(_Strict):
@@ -238,6 +243,11 @@ class StudyConfig(_Strict):
     concurrency: int = Field(
         2, ge=1, le=256, description="Full stack: runs of the study queued or running at once"
     )
+    tuning: TuningSpec | None = Field(
+        None,
+        description="The tuning stage (services/study/tuning.py): per arm, knobs searched on "
+        "tuning seeds before the grid; `gtr study run` runs it first",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -289,6 +299,8 @@ class StudyConfig(_Strict):
                 f"{self.budget.max_env_steps:,}"
             )
         self._check_shared_runs()
+        if self.tuning is not None:
+            check_tuning(self)
         if not (info.context or {}).get("stored"):  # a stored study was checked when filed
             self._check_stalling()
         return self

@@ -1,0 +1,143 @@
+"""What early stopping saves in a study's tuning stage (services/study/tuning.py, issue 55).
+
+One invocation runs the same small search twice, each in a fresh embedded store (its own data
+folder, SQLite): GTR's learning rate over a grid of choices on NumberLine (tiny model, a few
+updates, an evaluation after every update), once with the median pruner and once with none.
+It prints, for each, the updates the trial runs trained, the CPU seconds of the training
+processes and the wall time, the setting each selects and that setting's score in the unpruned
+search; then the cost ratio (pruned / unpruned, by updates trained and by CPU) and whether the
+pruned search picked the same setting or one that scored as well without pruning.
+
+    .venv/bin/python bench/tuning_pruning_bench.py --updates 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+STUDY = """
+name = "pruning-bench"
+seeds = [0]
+eval_episodes = {episodes}
+[tasks.numberline]
+config = "{base}"
+[tasks.numberline.base.train]
+num_envs = 4
+num_steps = 4
+minibatch_size = 8
+ppo_epochs = 1
+[tasks.numberline.base.metrics]
+probe_states = 4
+eval_every = 1
+[arms.gtr]
+algorithm = "gtr"
+[tuning]
+trials = {trials}
+seeds = [100]
+updates = {updates}
+sampler = "grid"
+pruner = "{pruner}"
+startup_trials = 2
+warmup = 1
+metric = {{ metric = "eval/success_rate", reduce = "mean" }}
+[tuning.arms.gtr]
+lr = {{ choices = [{lrs}] }}
+"""
+
+
+def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
+    """The tuning stage alone, in a child process with a fresh data folder."""
+    data = Path(tempfile.mkdtemp(prefix=f"tuning-bench-{pruner}-"))
+    study = data / "study.toml"
+    lrs = [float(x) for x in args.lrs.split(",")]
+    study.write_text(
+        STUDY.format(
+            base=ROOT / "configs" / "numberline-tiny.toml",
+            episodes=args.episodes,
+            trials=len(lrs),
+            updates=args.updates,
+            pruner=pruner,
+            lrs=", ".join(repr(x) for x in lrs),
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("GTR_DATABASE_URL", "GTR_REDIS_URL")}
+    env["GTR_DATA_DIR"] = str(data)
+    if args.model_dir:
+        env["GTR_MODEL_DIR"] = args.model_dir
+    code = (
+        "import json, sys\n"
+        "from services.study.schemas import StudyConfig\n"
+        "from services.study.runner import open_study\n"
+        "from services.study.tuning import tune, tuning_report\n"
+        "from shared.db.migrate import ensure_schema\n"
+        "cfg = StudyConfig.from_toml(sys.argv[1])\n"
+        "ensure_schema()\n"
+        "sid, _ = open_study(cfg)\n"
+        "tune(cfg, sid, 1, say=lambda s: print(s, file=sys.stderr))\n"
+        "print(json.dumps([a.model_dump() for a in tuning_report(cfg, sid)]))\n"
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(study)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    (arm,) = json.loads(out.stdout.strip().splitlines()[-1])
+    trained = sum(
+        (t["last_update"] + 1) if t["last_update"] is not None else 0 for t in arm["trials"]
+    )
+    return {
+        "pruner": pruner,
+        "updates_trained": trained,
+        "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
+        "wall_s": round(wall, 1),
+        "pruned": sum(t["state"] == "pruned" for t in arm["trials"]),
+        "selected": arm["selected"],
+        "scores": {str(t["params"]["lr"]): t["score"] for t in arm["trials"]},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--updates", type=int, default=6)
+    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--lrs", default="0.0001,0.0003,0.001,0.003,0.01,0.03")
+    ap.add_argument("--model-dir", default=None, help="GTR_MODEL_DIR (default: the settings')")
+    args = ap.parse_args()
+    full = one("none", args)
+    pruned = one("median", args)
+    unpruned_scores = full["scores"]
+    assert isinstance(unpruned_scores, dict)
+    chosen = pruned["selected"] or {}
+    best = max(v for v in unpruned_scores.values() if v is not None)
+    got = unpruned_scores.get(str(chosen.get("lr")))
+    print(json.dumps({"unpruned": full, "pruned": pruned}, indent=1))
+    ratio_u = int(pruned["updates_trained"]) / max(1, int(full["updates_trained"]))  # type: ignore[call-overload]
+    ratio_c = float(pruned["cpu_s"]) / max(1e-9, float(full["cpu_s"]))  # type: ignore[arg-type]
+    verdict = "same or as good" if got is not None and got >= best else "worse"
+    print(
+        f"cost ratio (pruned / unpruned): updates {ratio_u:.2f}, CPU {ratio_c:.2f}; "
+        f"selected lr {chosen.get('lr')} (unpruned score {got}) vs unpruned best {best} "
+        f"(lr {full['selected']}): {verdict}"
+    )
+
+
+if __name__ == "__main__":
+    main()
