@@ -32,8 +32,12 @@ seeds = [0]
 eval_episodes = {episodes}
 [tasks.numberline]
 config = "{base}"
+[tasks.numberline.base.init]
+vision_steps = 20
+sft_samples = 32
+sft_steps = 10
 [tasks.numberline.base.train]
-num_envs = 4
+num_envs = 2
 num_steps = 4
 minibatch_size = 8
 ppo_epochs = 1

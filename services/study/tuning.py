@@ -15,218 +15,34 @@ arm's selected settings are merged into its overlay, and the grid runs with them
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field
+
+from services.study.schemas import (
+    KnobSpec,
+    MetricSpec,
+    StudyConfig,
+    _nested,
+    merge,
+    trial_config,
+    tuned_task,
+)
 
 if TYPE_CHECKING:
     import optuna
 
-    from services.study.schemas import MetricSpec, StudyConfig
-    from shared.schemas import RunConfig
-
-PPO = ("gtr", "rl4vlm", "grpo", "gtr_grpo", "gtr_turbo_kl")
-# knob -> (run-config field, the algorithms it changes anything for)
-KNOBS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "lr": ("train.lr", (*PPO, "sft_only")),
-    "clip": ("train.clip", PPO),
-    "sft_coef": ("train.sft_coef", ("gtr", "gtr_grpo")),
-    "clip_per_loss": ("train.clip_per_loss", ("gtr", "gtr_grpo")),
-    # SFT-only and BC: passes over each update's corrections (the SFT steps per update)
-    "sft_epochs": ("train.ppo_epochs", ("sft_only",)),
-}
 POLL_S = 1.0
 Say = Callable[[str], None]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class KnobSpec(_Strict):
-    """One knob's search space: a list of choices, or a range [low, high]."""
-
-    choices: list[float | int | bool] | None = Field(
-        None, max_length=100, description="The values to try (a bool knob: [false, true])"
-    )
-    low: float | None = Field(None, description="Range start (with high), instead of choices")
-    high: float | None = Field(None, description="Range end (inclusive)")
-    log: bool = Field(False, description="Sample the range on a log scale (e.g. a learning rate)")
-
-    @model_validator(mode="after")
-    def _space(self) -> KnobSpec:
-        if self.choices is not None:
-            if not self.choices:
-                raise ValueError("empty search space: choices is empty")
-            if self.low is not None or self.high is not None:
-                raise ValueError("give choices or low/high, not both")
-            return self
-        if self.low is None or self.high is None:
-            raise ValueError("empty search space: give choices, or low and high")
-        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low >= self.high:
-            raise ValueError(f"empty search space: low {self.low} is not below high {self.high}")
-        if self.log and self.low <= 0:
-            raise ValueError("a log range needs low > 0")
-        return self
-
-    def values(self) -> list[Any]:
-        """Every value the search can give (choices, or the range's ends)."""
-        return list(self.choices) if self.choices is not None else [self.low, self.high]
-
-
-class TuningSpec(_Strict):
-    """The tuning stage: declared with the study, run before its grid on tuning seeds."""
-
-    arms: dict[str, dict[str, KnobSpec]] = Field(
-        min_length=1,
-        max_length=50,
-        description="Arm -> knob -> its search space; knobs: " + ", ".join(KNOBS),
-    )
-    trials: int = Field(ge=1, le=200, description="Trials per arm (the budget)")
-    seeds: list[int] = Field(
-        min_length=1,
-        max_length=20,
-        description="Tuning run seeds: each trial trains one run per seed; none may be an "
-        "evaluation seed",
-    )
-    task: str | None = Field(None, description="The task tuned on; None = the study's only task")
-    updates: int | None = Field(
-        None, ge=1, le=100_000, description="A trial run's train.num_updates; None = the grid's"
-    )
-    metric: MetricSpec | None = Field(
-        None,
-        description="Selection metric and its reduction (default: the primary metric's key, "
-        "reduce = mean: the area under the evaluation curve)",
-    )
-    rule: Literal["best"] = Field(
-        "best",
-        description="best: the completed trial with the best score (ties: the earlier trial)",
-    )
-    sampler: Literal["tpe", "grid"] = Field(
-        "tpe",
-        description="tpe: Optuna's TPE, seeded; grid: every combination of the choices in turn "
-        "(every knob needs choices)",
-    )
-    pruner: Literal["median", "halving", "none"] = Field(
-        "median",
-        description="Early stopping on the evaluation curve: median (MedianPruner), halving "
-        "(SuccessiveHalvingPruner) or none",
-    )
-    startup_trials: int = Field(
-        1, ge=0, le=100, description="median: completed trials before any is pruned"
-    )
-    warmup: int = Field(
-        0, ge=0, le=100_000, description="median: the updates before a trial can be pruned"
-    )
-    sampler_seed: int = Field(0, ge=0, le=2**31 - 1, description="The sampler's seed")
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, value: list[int]) -> list[int]:
-        from services.study.schemas import _check_seeds
-
-        return _check_seeds(value)
-
-    @model_validator(mode="after")
-    def _knobs(self) -> TuningSpec:
-        for arm, knobs in self.arms.items():
-            if not knobs:
-                raise ValueError(f"arms.{arm}: empty search space (no knob)")
-            for knob, space in knobs.items():
-                if knob not in KNOBS:
-                    raise ValueError(
-                        f"arms.{arm}: unknown knob {knob!r} (knobs: {', '.join(KNOBS)})"
-                    )
-                if self.sampler == "grid" and space.choices is None:
-                    raise ValueError(f"arms.{arm}.{knob}: sampler = 'grid' needs choices")
-        return self
-
-    def selection(self, primary: MetricSpec) -> MetricSpec:
-        from services.study.schemas import MetricSpec
-
-        return self.metric or MetricSpec(
-            metric=primary.metric, reduce="mean", higher_is_better=primary.higher_is_better
-        )
-
-
-def check(cfg: StudyConfig) -> None:
-    """The tuning section against its study: arms, task, knobs per algorithm, disjoint seeds,
-    and each knob's extreme values valid in a trial's run config. A ValueError names what."""
-    t = cfg.tuning
-    assert t is not None
-    if t.task is None and len(cfg.tasks) > 1:
-        raise ValueError(f"tuning.task: the study has {len(cfg.tasks)} tasks; name one")
-    if t.task is not None and t.task not in cfg.tasks:
-        raise ValueError(f"tuning.task: {t.task!r} is not a task of the study")
-    evaluation = set(cfg.seeds).union(*(cfg.seeds_of(task) for task in cfg.tasks))
-    shared = sorted(evaluation & set(t.seeds))
-    if shared:
-        raise ValueError(
-            f"tuning.seeds: {', '.join(map(str, shared))} also evaluation seed(s): a setting "
-            "chosen on a seed would be judged on it again"
-        )
-    for arm, knobs in t.arms.items():
-        if arm not in cfg.arms:
-            raise ValueError(f"tuning.arms: {arm!r} is not an arm of the study")
-        algorithm = trial_config(cfg, arm, t.seeds[0], {}, 0).algorithm
-        for knob, space in knobs.items():
-            field, algorithms = KNOBS[knob]
-            if algorithm not in algorithms:
-                raise ValueError(
-                    f"tuning.arms.{arm}.{knob}: {field} changes nothing for algorithm "
-                    f"{algorithm!r} (it does for {', '.join(algorithms)})"
-                )
-            for value in space.values():
-                trial_config(cfg, arm, t.seeds[0], {knob: value}, 0)  # raises naming the knob
-
-
-def tuned_task(cfg: StudyConfig) -> str:
-    assert cfg.tuning is not None
-    return cfg.tuning.task or next(iter(cfg.tasks))
-
-
-def _nested(params: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for knob, value in params.items():
-        section, key = KNOBS[knob][0].split(".")
-        out.setdefault(section, {})[key] = value
-    return out
-
-
-def trial_config(
-    cfg: StudyConfig, arm: str, seed: int, params: dict[str, Any], trial: int
-) -> RunConfig:
-    """A trial's run: the arm on the tuned task with no variant, at a tuning seed, the knobs
-    set. A ValueError names the arm and the knob's value when the config is not valid."""
-    from pydantic import ValidationError
-
-    from services.study.schemas import Cell, merge
-    from shared.schemas import RunConfig
-
-    assert cfg.tuning is not None
-    raw = cfg.run_config(Cell(tuned_task(cfg), arm, seed)).model_dump(mode="json")
-    raw = merge(raw, _nested(params))
-    if cfg.tuning.updates is not None:
-        raw["train"]["num_updates"] = cfg.tuning.updates
-    raw["name"] = f"{cfg.name[:80]} · tuning {arm} trial {trial} seed {seed}"[:200]
-    try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"tuning.arms.{arm} {params}: {where}: {first['msg']}") from None
-
-
 def apply_selection(cfg: StudyConfig, selected: dict[str, dict[str, Any]]) -> StudyConfig:
     """The study with each tuned arm's overlay carrying its selected settings."""
-    from services.study.schemas import merge
-
     arms = {a: merge(o, _nested(selected.get(a, {}))) for a, o in cfg.arms.items()}
     return cfg.model_copy(update={"arms": arms})
 
@@ -459,9 +275,9 @@ def study_tell(trial: optuna.Trial, state: Any, value: float | None) -> None:
 
 
 def _spawn(study_id: int, run_id: int, threads: int) -> subprocess.Popen[bytes]:
-    from services.study.runner import log_folder
+    from shared.settings import get_settings
 
-    folder = log_folder(study_id)
+    folder = get_settings().data_dir / "studies" / str(study_id)  # the runner's log folder
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.setdefault("GTR_TORCH_THREADS", str(threads))
