@@ -88,7 +88,8 @@ def _code_version() -> str:
 def _kept_file(db: Session, study_id: int, key: tuple[Any, ...]) -> FsPath:
     """Where a finished study's report is kept between server starts (and shared by a server's
     workers): the data folder, by database, study, fingerprint and code."""
-    url = str(db.get_bind().url)
+    bind = db.get_bind()
+    url = str(bind.engine.url)
     name = hashlib.sha256(repr((url, key, _code_version())).encode()).hexdigest()[:24]
     return get_settings().data_dir / "cache" / "study-reports" / f"{study_id}-{name}.json"
 
