@@ -218,3 +218,41 @@ def _the_page_shows_every_trial_and_the_choice(env: dict[str, str | None], arm: 
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_the_pruner_stops_a_trial_behind_the_others_and_its_run_ends_cancelled(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    # A deterministic curve: each update records its learning rate (`lr`, peak at update 0).
+    # Selected by the lowest mean lr, trial 1 (lr 0.01) is behind trial 0's 0.001 at its
+    # first report, so the median rule stops it there.
+    text = DEMO.read_text().replace('name = "demo-tuning"', 'name = "pruned"')
+    text = text.replace('config = "../numberline-tiny.toml"', f'config = "{BASE}"')
+    text = text.replace(
+        'metric = { metric = "eval/success_rate", reduce = "mean" }',
+        'metric = { metric = "lr", reduce = "mean", higher_is_better = false }',
+    ).replace("sft_coef = { choices = [0.5, 2.0] }", "lr = { choices = [0.001, 0.01] }")
+    path = tmp_path / "pruned.toml"
+    path.write_text(text)
+    data = tmp_path / "data"
+    env = {
+        "GTR_DATA_DIR": str(data),
+        "GTR_MODEL_DIR": str(default_model_dir.parent),
+        "GTR_DATABASE_URL": None,
+        "GTR_REDIS_URL": None,
+    }
+    out = gtr_cli("study", "run", str(path), env=env, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "tuning gtr trial 1: pruned at update 0" in out.stdout
+    (arm,) = json.loads(gtr_cli("study", "report", "1", "--json", env=env).stdout)["tuning"]
+    first, second = arm["trials"]
+    assert first["state"] == "complete" and 0 < first["score"] <= 0.001
+    assert second["state"] == "pruned" and second["stopped_at"] == 0
+    assert arm["selected"] == {"lr": 0.001}
+    with session_scope(f"sqlite:///{data / 'gtr.sqlite3'}") as s:
+        (stopped,) = [s.get(Run, i) for i in second["runs"]]
+        assert stopped is not None and stopped.status == "cancelled"
+        assert stopped.updates_done < 2  # stopped before its budget
+        (run,) = s.scalars(select(Run).where(Run.study_id == 1)).all()
+        assert run.status == "completed" and run.config["train"]["lr"] == 0.001
