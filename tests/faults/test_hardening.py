@@ -238,17 +238,8 @@ def test_api_key_env_only_under_the_documented_prefix(api: dict) -> None:
         assert row is not None and row.api_key_env == "GTR_CORRECTOR_KEY_EXAMPLE"
 
 
-@pytest.fixture
-def no_private(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS", "false")
-    get_settings.cache_clear()
-    yield
-    monkeypatch.undo()
-    get_settings.cache_clear()
-
-
 def test_corrector_calls_refuse_internal_addresses_after_resolution(
-    api: dict, fake: FakeOpenAI, no_private: None
+    api: dict, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.default = chat('{"evaluation": "YES"}')
     port = fake.server.server_address[1]
@@ -262,13 +253,29 @@ def test_corrector_calls_refuse_internal_addresses_after_resolution(
         "http://10.0.0.1:8000/v1",
         "http://0.0.0.0:9/v1",
     ]
+    # Registered while private networks were allowed (the tests' setting), then the operator
+    # turns them off: every call is checked again after resolution, whatever was registered.
+    ids = []
     for i, url in enumerate(urls):
         body = {"name": f"inner-{i}", "kind": "openai", "base_url": url, "model": "m"}
         made = _call(api, "POST", "/api/correctors", "ops", json=body)
         assert made.status_code == 201, made.text
-        r = _call(api, "POST", f"/api/correctors/{made.json()['id']}/test", "ops")
-        assert r.status_code == 200 and r.json()["ok"] is False, (url, r.text)
-        assert "loopback, private, link-local or reserved" in r.json()["error"], (url, r.text)
+        ids.append(made.json()["id"])
+    monkeypatch.setenv("GTR_CORRECTOR_ALLOW_PRIVATE_NETWORKS", "false")
+    get_settings.cache_clear()
+    try:
+        for url, cid in zip(urls, ids, strict=True):
+            r = _call(api, "POST", f"/api/correctors/{cid}/test", "ops")
+            assert r.status_code == 200 and r.json()["ok"] is False, (url, r.text)
+            assert "loopback, private, link-local or reserved" in r.json()["error"], (url, r.text)
+            # And a new registration of the same address is refused at once, in one line.
+            body = {"name": f"again-{cid}", "kind": "openai", "base_url": url, "model": "m"}
+            again = _call(api, "POST", "/api/correctors", "ops", json=body)
+            assert again.status_code == 422, (url, again.text)
+            assert "loopback, private, link-local or reserved" in again.json()["detail"]
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
     assert fake.requests == []
 
 
