@@ -176,7 +176,9 @@ def test_eta_counts_down_and_holds_to_the_real_time(clocked: Clocked) -> None:
             if r["eta_s"] is not None and real >= 6 and steps:
                 assert real / 3 <= r["eta_s"] <= real * 3, (r["phase"], r["eta_s"], real)
                 checked += 1
-        assert checked, [(end - t, r["eta_s"]) for t, r in stage]
+        # A fast host may finish the stage in a few seconds, all of them inside the tail the
+        # factor ignores: the factor is then checked on the stages that last long enough.
+        assert checked or end - stage[0][0] < 12, [(end - t, r["eta_s"]) for t, r in stage]
 
 
 def test_watch_counts_down_and_the_running_run_heads_the_list(clocked: Clocked) -> None:
