@@ -41,6 +41,7 @@ class Clocked:
     first_row: list[str | None] = field(default_factory=list)  # /runs' first row while running
     watch: str = ""
     js_errors: list[str] = field(default_factory=list)
+    scrapes: list[tuple[str, str]] = field(default_factory=list)  # (open /metrics, admin's)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,13 @@ def clocked(browser, base_url: str, seeded: Seeded, warm_checkpoint: Path, tmp_p
                 listed = admin.get("/runs").text
                 found = re.search(r'<tr (?:class="study-row" )?data-(run|study)-id="(\d+)"', listed)
                 c.first_row.append(f"{found.group(1)} {found.group(2)}" if found else None)
+                # Issue 57 item 5, while a run is running: the open scrape and the admin's.
+                detailed = httpx.get(
+                    f"{base_url}/api/metrics",
+                    headers={"Authorization": f"Bearer {seeded.admin_token}"},
+                    timeout=30,
+                ).text
+                c.scrapes.append((httpx.get(f"{base_url}/metrics", timeout=30).text, detailed))
             if run["status"] in TERMINAL:
                 break
             time.sleep(0.25)
@@ -195,3 +203,15 @@ def test_watch_counts_down_and_the_running_run_heads_the_list(clocked: Clocked) 
     warm = [seconds(e) for e in re.findall(line, clocked.watch)]
     assert warm and warm[-1] < warm[0], clocked.watch  # counting down through the warm start
     assert clocked.first_row and all(r == f"run {clocked.run_id}" for r in clocked.first_row)
+
+
+def test_open_metrics_give_a_running_runs_figures_only_as_a_mean(clocked: Clocked) -> None:
+    """Issue 57 item 5: scraped while the run was running, the open /metrics has the running
+    runs' figures without a run id; the admin's /api/metrics has them by this run's id."""
+    assert clocked.scrapes
+    label = f'run_id="{clocked.run_id}"'
+    for open_text, detailed in clocked.scrapes:
+        assert "run_id=" not in open_text
+        mean = re.search(r"^gtr_run_env_steps_per_s [0-9.e+-]+$", open_text, re.M)
+        assert mean, open_text[-2000:]
+        assert f"gtr_run_env_steps_per_s{{{label}}}" in detailed, detailed[-2000:]
