@@ -329,6 +329,8 @@ def study_import(file: Path, team: str | None, max_mib: int) -> None:
     a direct launch by the team; numbers out of range, nesting deeper than 32 and NUL characters
     refuse the bundle, which then writes nothing."""
     from services.study.bundle import BundleError, import_study, install_warm_starts, read_bundle
+    from services.study.kept import report_of
+    from shared.db.models import Study
     from shared.db.session import session_scope
 
     _local_schema()
@@ -351,6 +353,12 @@ def study_import(file: Path, team: str | None, max_mib: int) -> None:
     with session_scope() as s:
         for line in install_warm_starts(s, bundle, got.study_id):
             click.echo(line, err=line.startswith("warning:"))
+    # Build and keep the report now, so that the study's first page view reads it (the v3
+    # study's bootstrap takes seconds) instead of building it under a visitor.
+    with session_scope() as s:
+        study_row = s.get(Study, got.study_id)
+        if study_row is not None:
+            report_of(s, study_row)
 
 
 @study.command("rerun")

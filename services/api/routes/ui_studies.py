@@ -4,29 +4,20 @@ other figure labelled secondary), with its CSV and JSON export."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import math
-import os
-import time
-from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path as FsPath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from services.api.routes.search import _csv
 from services.api.routes.ui import PAGE_SIZE, Db, User, not_found_page, render
-from services.study import service
+from services.study import kept, service
 from services.study.outputs import ComparisonOut
-from services.study.report import MetricBlock, StudyReport, build_report
-from shared.db.models import ApiToken, Run, Study, Update
-from shared.settings import get_settings
+from services.study.report import MetricBlock, StudyReport
+from shared.db.models import ApiToken
 
 router = APIRouter(include_in_schema=False)
 StudyId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -50,92 +41,12 @@ CSV_COLUMNS = [
 ]
 
 
-# Built reports, by study and a fingerprint of what they are built from: the study's row and
-# spec, each of its runs' status and progress, and its newest update row. A finished study's
-# page is then one cheap query away from its report (building the v3 study's takes seconds of
-# bootstrap); a live study's is rebuilt when that changes, and at least every LIVE_TTL_S (a
-# late correction rewrites an update's figures in place).
-_CACHE: OrderedDict[int, tuple[tuple[Any, ...], float, StudyReport]] = OrderedDict()
-CACHE_SIZE = 8
-LIVE_TTL_S = 15.0
-STUDY_CODE = FsPath(__file__).resolve().parents[2] / "study"
-
-
-def _fingerprint(db: Session, study: Study) -> tuple[Any, ...]:
-    runs = db.execute(
-        select(Run.id, Run.status, Run.updates_done, Run.study_attempt).where(
-            Run.study_id == study.id
-        )
-    ).all()
-    newest = db.scalar(
-        select(func.max(Update.id))
-        .join(Run, Run.id == Update.run_id)
-        .where(Run.study_id == study.id)
-    )
-    spec = json.dumps(study.spec, sort_keys=True, default=str)
-    return (study.status, study.updated_at, spec, tuple(sorted(tuple(r) for r in runs)), newest)
-
-
-@functools.cache
-def _code_version() -> str:
-    """The report's code, so that a kept report is never one an older code built."""
-    digest = hashlib.sha256()
-    for path in sorted(STUDY_CODE.glob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _kept_file(db: Session, study_id: int, key: tuple[Any, ...]) -> FsPath:
-    """Where a finished study's report is kept between server starts (and shared by a server's
-    workers): the data folder, by database, study, fingerprint and code."""
-    bind = db.get_bind()
-    url = str(bind.engine.url)
-    name = hashlib.sha256(repr((url, key, _code_version())).encode()).hexdigest()[:24]
-    return get_settings().data_dir / "cache" / "study-reports" / f"{study_id}-{name}.json"
-
-
-def _kept(db: Session, study_id: int, key: tuple[Any, ...], live: bool) -> StudyReport | None:
-    if live:
-        return None
-    try:
-        return StudyReport.model_validate_json(_kept_file(db, study_id, key).read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
-def _keep(db: Session, study_id: int, key: tuple[Any, ...], report: StudyReport) -> None:
-    path = _kept_file(db, study_id, key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob(f"{study_id}-*.json"):
-            old.unlink(missing_ok=True)  # the study's earlier reports
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(report.model_dump_json())
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only data folder: the report is kept in memory only
-
-
 def _report(db: Db, me: ApiToken, study_id: int) -> StudyReport | None:
     try:  # the team's (an admin token sees every team's)
         study = service.get_study(db, me, study_id)
     except service.StudyNotFound:
         return None
-    key, now = _fingerprint(db, study), time.monotonic()
-    hit = _CACHE.get(study_id)
-    live = study.status in service.ACTIVE
-    if hit is not None and hit[0] == key and not (live and now - hit[1] > LIVE_TTL_S):
-        _CACHE.move_to_end(study_id)
-        return hit[2]
-    report = _kept(db, study_id, key, live)
-    if report is None:
-        report = build_report(db, study_id)
-        if not live:
-            _keep(db, study_id, key, report)
-    _CACHE[study_id] = (key, now, report)
-    while len(_CACHE) > CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return report
+    return kept.report_of(db, study)
 
 
 def undecided_why(c: ComparisonOut, alpha: float) -> str:

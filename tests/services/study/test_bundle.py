@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 
 from services.api.auth import create_token
 from services.study import service
-from services.study.report import build_report
+from services.study.report import StudyReport, build_report
 from services.study.runner import split_start_line
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update
 from shared.db.session import session_scope
@@ -138,6 +138,10 @@ def test_an_imported_study_reads_the_same_report_in_another_store(
         assert carried == init and len(init) == 4
     ids = {r.id: r.info["imported"]["from_run"] for r in runs}  # this store's -> the original's
     assert _comparable(imported, ids) == _comparable(original)
+    # The import built and kept the report, so the study page's first view reads it.
+    (kept,) = (tmp_path / "cache" / "study-reports").glob("1-*.json")
+    kept_report = StudyReport.model_validate_json(kept.read_bytes())
+    assert _comparable(kept_report, ids) == _comparable(original)
     assert imported.groups[0].split_starts == []  # each seed's two arms started alike
     # The leak check still sees the training deals, though no step was carried.
     (group,) = imported.groups
