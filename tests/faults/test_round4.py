@@ -40,6 +40,9 @@ from shared.db.session import session_scope
 from shared.paths import GAMES_NOT_FOUND
 from shared.settings import Settings, get_settings
 from tests.conftest import ROOT, RealRun, free_port, live_server, need
+from tests.faults.client import call as _call
+from tests.faults.client import count as _count
+from tests.faults.client import refused_422 as _refused_422
 from tests.services.corrector.helpers import make_step
 from tests.services.study.tiny_study import gtr_cli
 
@@ -60,24 +63,6 @@ def api(pg_url: str) -> Iterator[dict[str, Any]]:
             tokens[name] = create_token(s, f"round4-{name}", scope, team)[1]
     with live_server(create_app()) as url:
         yield {"url": url, "tokens": tokens}
-
-
-def _call(api: dict, method: str, path: str, who: str, **kw: Any) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {api['tokens'][who]}", **kw.pop("headers", {})}
-    return httpx.request(method, api["url"] + path, headers=headers, timeout=60, **kw)
-
-
-def _count(model: Any) -> int:
-    with session_scope() as s:
-        return s.scalar(select(func.count()).select_from(model)) or 0
-
-
-def _refused_422(r: httpx.Response, loc: list[str], text: str = "") -> str:
-    assert r.status_code == 422, (r.status_code, r.text[:500])
-    detail = r.json()["detail"]
-    assert detail[0]["loc"] == ["body", *loc], detail
-    assert text in detail[0]["msg"], detail
-    return str(detail[0]["msg"])
 
 
 class Capture:
