@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 import uuid
@@ -27,7 +26,7 @@ from services.api.app import create_app
 from services.api.auth import create_token
 from shared.db.models import Run
 from shared.db.session import session_scope
-from tests.conftest import free_port, live_server
+from tests.conftest import live_server
 from tests.e2e.helpers import ROOT
 
 PRESET = ROOT / "configs" / "numberline-tiny.toml"
@@ -36,7 +35,6 @@ PRESET = ROOT / "configs" / "numberline-tiny.toml"
 @contextmanager
 def corrector(delay_s: float, status: int = 200) -> Iterator[str]:
     """A real `POST /v1/correct` server on loopback: 'correct' after ``delay_s``, or ``status``."""
-    import uvicorn
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
@@ -50,17 +48,8 @@ def corrector(delay_s: float, status: int = 200) -> Iterator[str]:
         answer = {"verdict": "correct", "corrected_thought": None, "extras": {}, "reasoning": ""}
         return JSONResponse(answer)
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with live_server(app) as url:
+        yield url
 
 
 def preset(checkpoint: Path, url: str, name: str, updates: int, **corrector: object) -> str:

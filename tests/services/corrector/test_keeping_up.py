@@ -23,7 +23,7 @@ from services.corrector.resilience import AdaptiveLimit, RateLimit
 from shared.db.models import Correction
 from shared.db.session import session_scope
 from shared.settings import Settings
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, live_server
 
 
 def _answer(limit: AdaptiveLimit, n: int, latency_s: float) -> None:
@@ -127,7 +127,6 @@ def test_defaults_suit_a_hosted_api_and_the_pool_has_a_thread_per_slot(pg_url: s
 def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, int]]]:
     """A real `POST /v1/correct` server that answers 'correct' after ``delay_s`` and counts the
     requests in flight at once (``peak``)."""
-    import uvicorn
     from fastapi import FastAPI
 
     app, seen = FastAPI(), {"now": 0, "peak": 0, "total": 0}
@@ -141,17 +140,8 @@ def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, int]]]:
         seen["now"] -= 1
         return {"verdict": "correct", "corrected_thought": None, "extras": {}, "reasoning": ""}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with live_server(app) as url:
+        yield url, seen
 
 
 def test_a_corrector_worker_has_its_threads_in_flight_at_a_slow_endpoint(
