@@ -125,7 +125,7 @@ TARGETS: list[tuple[str, str, str, bool]] = [
     ("services.trainer.service", "Trainer.ppo_loss", "ppo loss", False),
     ("services.trainer.service", "Trainer.sft_loss", "sft loss", False),
     ("services.trainer.service", "Trainer._backward", "backward", False),
-    ("services.trainer.service", "Trainer._accumulate_sft", "backward", False),
+    ("services.trainer.service", "Trainer._accumulate_apart", "backward", False),
     ("services.trainer.service", "Trainer.optimizer_step", "optimizer", False),
     ("services.trainer.service", "Trainer.image", "images", False),
     ("services.trainer.buffer", "DaggerBuffer.refresh", "dagger buffer", False),

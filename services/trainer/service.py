@@ -120,8 +120,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [g for g in groups if g["params"]], lr=train.lr, eps=train.adam_eps, weight_decay=0.0
         )
-        # SFT gradients kept apart until the optimiser step when clip_per_loss is on.
-        self._sft_grads: list[Tensor | None] | None = None
+        # The guidance term's gradients (thought SFT, or the KL to the teacher), kept apart until
+        # the optimiser step: its norm and share of the step are recorded (guidance_term).
+        self._apart: list[Tensor | None] | None = None
         self.scheduler = make_scheduler(self.optimizer, train)
         self.update_idx = -1  # index of the last finished update; -1 = none yet
         self.accelerator = accelerator
@@ -287,7 +288,9 @@ class Trainer:
             t_lp = torch.as_tensor(self._teacher_lp[cut]).to(self.device)
             scored = torch.as_tensor(self._teacher_valid[cut]).to(self.device)
             mask, clip = b.thought_mask * valid * scored, self.turbo.kl_clip
-            loss = loss + self.turbo.kl_coef * algos.thought_kl_loss(lp, t_lp, mask, clip)
+            kl_loss = self.turbo.kl_coef * algos.thought_kl_loss(lp, t_lp, mask, clip)
+            # Its own gradient (the graph kept for PPO's backward): its norm and share recorded.
+            self._accumulate_apart(kl_loss / self.cfg.grad_accum, retain=True)
             kl = algos.thought_kl_penalty(lp.detach(), t_lp, mask, clip).mean()  # its value
             stats["losses/kl"] = kl.item()
         return loss, stats
@@ -307,19 +310,19 @@ class Trainer:
 
     def optimizer_step(self) -> dict[str, float]:
         """Average gradients across processes, clip, step; returns the pre-clip grad norms."""
-        sft_grads, self._sft_grads = self._sft_grads, None
+        apart, self._apart = self._apart, None
         if self.accelerator is not None and self.accelerator.num_processes > 1:
             for p in self.params:
                 if p.grad is not None:
                     p.grad = self.accelerator.reduce(p.grad, reduction="mean")
-            if sft_grads is not None:
-                sft_grads = [
+            if apart is not None:
+                apart = [
                     None if g is None else self.accelerator.reduce(g, reduction="mean")
-                    for g in sft_grads
+                    for g in apart
                 ]
-        norms = step_gradients(
-            self.params, sft_grads, self.cfg.max_grad_norm, self.cfg.clip_per_loss
-        )
+        term = guidance_term(self.algorithm, self.turbo) or "sft"
+        per_loss = self.cfg.clip_per_loss and term == "sft"  # clip_per_loss splits SFT only
+        norms = step_gradients(self.params, apart, self.cfg.max_grad_norm, per_loss, term)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norms
@@ -359,7 +362,7 @@ class Trainer:
                     stats = _append(stats, s)
                     weight = sft_coef * scale
                     if use_ppo:  # its own gradient: its norm and share of the step recorded
-                        self._accumulate_sft(weight * sft / self.cfg.grad_accum)
+                        self._accumulate_apart(weight * sft / self.cfg.grad_accum)
                     else:
                         loss = loss + weight * sft
                 if loss.requires_grad:
@@ -372,10 +375,11 @@ class Trainer:
         self.scheduler.step()
         self.update_idx += 1
         metrics = {k: float(np.mean(v)) for k, v in stats.items()}
+        term = guidance_term(self.algorithm, self.turbo)
         if use_sft and not use_ppo and "grad_norm" in metrics:  # sft_only: the step is all SFT
             metrics |= {SFT_NORM: metrics["grad_norm"], SFT_SHARE: 1.0}
-        elif self.algorithm in SFT_ALGORITHMS and SFT_SHARE not in metrics:
-            metrics |= {SFT_NORM: 0.0, SFT_SHARE: 0.0}  # nothing to imitate yet: no guidance
+        elif term and f"{term}/grad_share" not in metrics:  # nothing to imitate yet: no guidance
+            metrics |= {f"{term}/grad_norm": 0.0, f"{term}/grad_share": 0.0}
         returns_t, values_t = ret.cpu(), torch.as_tensor(rollout.values, dtype=torch.float32)
         metrics |= {
             "lr": lr,
@@ -413,15 +417,16 @@ class Trainer:
             self._targets[ex.correction_id] = encode_target(self.policy, ex.target, ex.masked_span)
         return self._targets[ex.correction_id]
 
-    def _accumulate_sft(self, loss: Tensor) -> None:
-        """Backward of the SFT term into its own buffer (clipped apart at the optimiser step)."""
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        if self._sft_grads is None:
-            self._sft_grads = list(grads)
+    def _accumulate_apart(self, loss: Tensor, retain: bool = False) -> None:
+        """Backward of the guidance term (SFT or KL) into its own buffer, added to the step at
+        the optimiser step (clipped apart there under clip_per_loss)."""
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True, retain_graph=retain)
+        if self._apart is None:
+            self._apart = list(grads)
         else:
-            self._sft_grads = [
+            self._apart = [
                 g if a is None else a if g is None else a + g
-                for a, g in zip(self._sft_grads, grads, strict=True)
+                for a, g in zip(self._apart, grads, strict=True)
             ]
 
     def _backward(self, loss: Tensor) -> None:
@@ -518,6 +523,18 @@ def clip_tensors(grads: list[Tensor | None], max_norm: float) -> Tensor:
 
 SFT_NORM = "sft/grad_norm"  # the thought-SFT term's gradient norm, before any clipping
 SFT_SHARE = "sft/grad_share"  # its part of the applied step (docs/training.md)
+KL_NORM = "kl/grad_norm"  # gtr_turbo_kl: the KL-to-teacher term's, the same way
+KL_SHARE = "kl/grad_share"
+
+
+def guidance_term(algorithm: str, turbo: TeacherConfig) -> str | None:
+    """The arm's guidance term whose gradient is kept apart and measured: "sft" (a thought-SFT
+    term), "kl" (gtr_turbo_kl's KL to the teacher as a loss on the thought tokens), or None
+    (none; under teacher.kl_into = "return" the KL only moves the returns, so has no gradient)."""
+    if algorithm in SFT_ALGORITHMS:
+        return "sft"
+    thought_kl = turbo.kl_into == "thought_loss" and turbo.kl_coef > 0
+    return "kl" if algorithm == "gtr_turbo_kl" and thought_kl else None
 
 
 def step_gradients(
@@ -525,10 +542,12 @@ def step_gradients(
     sft_grads: list[Tensor | None] | None,
     max_norm: float,
     per_loss: bool,
+    term: str = "sft",
 ) -> dict[str, float]:
-    """Clip the accumulated gradients (``p.grad``: PPO and value) and the thought-SFT term's
-    (kept apart) into the step the optimiser applies; returns the norms before clipping and
-    the SFT term's share of the step: its norm in the step over the sum of both parts' norms.
+    """Clip the accumulated gradients (``p.grad``: PPO and value) and the guidance term's (kept
+    apart: the thought SFT's, or the KL to the teacher's with ``term = "kl"``) into the step the
+    optimiser applies; returns the norms before clipping and the guidance term's share of the
+    step (``{term}/grad_share``): its norm in the step over the sum of both parts' norms.
     per_loss: each part clipped to ``max_norm`` on its own, then summed (the SFT term keeps its
     size however large the PPO gradient is); else the sum is clipped as one, the reference's
     single clip, under which a PPO gradient of norm 10 leaves an SFT one of 0.5 a 5 % share."""
@@ -545,9 +564,9 @@ def step_gradients(
     for p, g in zip(params, sft_grads, strict=True):
         if g is not None:
             p.grad = g if p.grad is None else p.grad + g
-    norms = {SFT_NORM: sft, SFT_SHARE: part / max(part + other, 1e-12)}
+    norms = {f"{term}/grad_norm": sft, f"{term}/grad_share": part / max(part + other, 1e-12)}
     if per_loss:
-        return norms | {"grad_norm": rest, "grad_norm/sft": sft}
+        return norms | {"grad_norm": rest, f"grad_norm/{term}": sft}
     return norms | {"grad_norm": float(torch.nn.utils.clip_grad_norm_(params, max_norm))}
 
 

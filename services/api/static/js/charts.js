@@ -16,12 +16,15 @@ gtr.charts = {
     {family: 'Collapse', title: 'Collapse · distinct thoughts per state', keys: ['thoughts_per_state'], collapse: true, steps: {}},
     {family: 'Collapse', title: 'Thought length (tokens)', keys: ['thought_length'], collapse: true, steps: {}},
     {family: 'Collapse', title: 'Thought-token entropy', keys: ['thought_entropy'], collapse: true, steps: {}},
-    {family: 'Optimisation', title: 'Losses', keys: ['losses/policy', 'losses/value', 'losses/sft']},
+    {family: 'Optimisation', title: 'Losses', keys: ['losses/policy', 'losses/value', 'losses/sft', 'losses/kl']},
     {family: 'Optimisation', title: 'PPO · approx KL & clip fraction', keys: ['approx_kl', 'clipfrac']},
-    {family: 'Optimisation', title: 'Gradient norm', keys: ['grad_norm', 'sft/grad_norm']},
+    {family: 'Optimisation', title: 'Gradient norm', keys: ['grad_norm', 'sft/grad_norm', 'kl/grad_norm']},
     // The thought-SFT term's share of the applied step: under ~0.1 for
     // several updates while losses/sft stays flat, the guidance is drowned (the run's alarm).
     {family: 'Optimisation', title: 'Thought guidance · SFT share of the step', keys: ['sft/grad_share'], unit: true},
+    // gtr_turbo_kl's guidance: the KL-to-teacher term's share, measured the same way (no alarm:
+    // a small share is expected while the agent sits near its teacher, docs/training.md).
+    {family: 'Optimisation', title: 'Thought guidance · KL-to-teacher share of the step', keys: ['kl/grad_share'], unit: true},
     {family: 'Optimisation', title: 'Value · explained variance', keys: ['explained_variance']},
     {family: 'Optimisation', title: 'Learning rate', keys: ['lr']},
   ],
