@@ -73,12 +73,17 @@ class RemoteParams(BaseModel):
         description="Most requests in flight at once, per process (a hosted API takes hundreds)",
     )
     concurrency_start: int = Field(
-        default=4, ge=1, le=1024, description="Requests in flight at first; doubles per round trip"
+        default=4,
+        ge=1,
+        le=1024,
+        description="Requests in flight at first (a probe); once they are answered in time, "
+        "the limit opens to the rollout's need",
     )
     adaptive: bool = Field(
         default=True,
-        description="Slow start to the rollout's need (Little's law), then AIMD: halve on "
-        "timeout/429/503, hold while latency rises",
+        description="After the probe's round trip, open to the rollout's need (Little's law: "
+        "arrivals x latency, or the backlog); then AIMD: halve on timeout/429/503, hold while "
+        "latency rises",
     )
     rpm: int | None = Field(
         default=None, ge=1, le=10_000_000, description="Provider's requests per minute, if any"
@@ -132,6 +137,8 @@ class _Remote(ABC):
             self.base_url, p.concurrency, p.concurrency_start, p.adaptive
         )
         self.rate: RateLimit | None = rate_for(self.base_url, p.rpm, p.tpm)
+        if self.rate is not None:  # the limit opens no wider than the buckets let calls through
+            self.limit.pace = self.rate.per_s
 
     @contextmanager
     def _timed(self, trace: CallTrace) -> Iterator[None]:

@@ -177,30 +177,31 @@ def call_with_retries(
 
 
 RATE_S = 30.0  # the arrival rate is measured over this many seconds
-SLOW_START_STEP = 8  # the most a slow-start round trip multiplies the limit by
 
 
 class AdaptiveLimit:
-    """How many requests an endpoint gets at once. Starts at `start`; after each window of
-    `limit` calls answered in time it grows to what the run needs (`needed`; it doubles while
-    that is unknown), by at most 8x a round trip (TCP's slow start doubles: log2(L) round trips
-    to reach L, minutes at 30 s each), until the endpoint first pushes back: an overload
-    (timeout, 429, 503, refused connection) halves it, a latency above `slow_factor` x the best
-    seen (requests queue at the server) holds it and restarts the window; from then on AIMD adds
-    one per window and halves per overload.
+    """How many requests an endpoint gets at once. Starts at `start`, a probe; once a window of
+    `limit` answers came back in time it opens at once to what the run needs (`needed`; it
+    doubles while that is unknown): one round trip, not TCP's log2(L) of them (minutes at a
+    30 s corrector). An overload (timeout, 429, 503, refused connection) halves it, a latency
+    above `slow_factor` x the best seen (requests queue at the server) holds it and restarts the
+    window; from the first push-back on, AIMD adds one per window and halves per overload.
 
     Little's law sizes the need: arrivals per second x latency = requests in flight, or the
-    calls waiting now, whichever is more; slow start never grows past it, so an endpoint is not
-    offered more than the rollout can use. A server that answers one request at a time settles
-    at 1-2 in flight instead of timing out a queue; a hosted API grows to `max_limit` within a
-    few round trips. `adaptive=False`: always `max_limit`. Retry-After pauses every caller."""
+    calls waiting now, whichever is more, within `max_limit` and what the provider's rate limits
+    let through (`pace`: calls per second); the limit never opens past it, so an endpoint is not
+    offered more than the rollout can use. A server that answers one request at a time queues the
+    probe (its latency doubles) and settles at the probe's size instead of timing out a queue; a
+    hosted API has the need in flight after the probe's round trip. `adaptive=False`: always
+    `max_limit`. Retry-After pauses every caller."""
 
     def __init__(
         self, max_limit: int, start: int = 1, adaptive: bool = True, slow_factor: float = 2.0
     ) -> None:
         self.max_limit, self.adaptive, self.slow_factor = max_limit, adaptive, slow_factor
         self.limit = min(max(start, 1), max_limit) if adaptive else max_limit
-        self.slow_start = adaptive  # doubling until the first push-back
+        self.slow_start = adaptive  # opening to the need until the first push-back
+        self.pace: Callable[[], float | None] | None = None  # calls/s the rate limits sustain
         self.in_flight = 0
         self.waiting = 0  # calls blocked in acquire: the backlog at this endpoint
         self.best_s: float | None = None  # lowest latency seen: the unloaded server
@@ -225,11 +226,16 @@ class AdaptiveLimit:
     @property
     def needed(self) -> int | None:
         """Requests in flight that keep up with the arrivals (Little's law: L = lambda W), or
-        that clear the calls waiting now within one round trip, whichever is more."""
+        that clear the calls waiting now within one round trip, whichever is more; at most what
+        the provider's rate limits sustain over a round trip (more would wait on the buckets)."""
         rate = self.rate
         if rate is None or self.latency_s is None:
             return None
-        return max(1, math.ceil(rate * self.latency_s), self.in_flight + self.waiting)
+        need = max(1, math.ceil(rate * self.latency_s), self.in_flight + self.waiting)
+        allowed = self.pace() if self.pace is not None else None
+        if allowed is not None:
+            need = min(need, max(1, math.ceil(allowed * self.latency_s)))
+        return need
 
     def acquire(self) -> int:
         """Waits for a slot; returns the call's ticket for `release`."""
@@ -289,11 +295,11 @@ class AdaptiveLimit:
         self._window += 1
         if self._window >= self.limit and self.limit < self.max_limit:
             grow = self.limit + 1
-            if self.slow_start:  # toward the need, at most 8x a round trip
+            if self.slow_start:
                 need = self.needed or 2 * self.limit
                 # A window of fewer than 4 answers says little about the server: double.
-                step = SLOW_START_STEP if self.limit >= 4 else 2
-                grow = min(step * self.limit, max(self.limit + 1, need))
+                # Otherwise the need at once: its latency held while the probe was out.
+                grow = max(grow, need if self.limit >= 4 else min(need, 2 * self.limit))
             self.limit, self._window = min(self.max_limit, grow), 0
 
 
@@ -334,6 +340,13 @@ class RateLimit:
                 if not ok_t:
                     short.append((need - self.tokens) * 60 / self.tpm)  # type: ignore[operator]
             time.sleep(min(max(max(short), 0.01), 0.5))
+
+    def per_s(self) -> float | None:
+        """Calls a second the buckets sustain (None: no limit, or no call's tokens known)."""
+        caps = [self.rpm / 60] if self.rpm else []
+        if self.tpm and self.per_call:
+            caps.append(self.tpm / 60 / self.per_call)
+        return min(caps) if caps else None
 
     def spent(self, reserved: float, tokens: int) -> None:
         """A call's real token count replaces what was reserved for it."""

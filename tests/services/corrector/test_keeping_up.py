@@ -1,7 +1,7 @@
-"""A pipeline that keeps up with the rollout (issue 53): the endpoint's limit ramps up by
-doubling to what the arrivals need (Little's law), holds once latency rises, halves on a
-push-back; Retry-After pauses every caller; RPM/TPM buckets pace the requests; the embedded
-pool has a thread per request the endpoint may have in flight."""
+"""A pipeline that keeps up with the rollout (issue 53): the endpoint's limit opens to what the
+arrivals need (Little's law) once its probe is answered, holds once latency rises, halves on a
+push-back; Retry-After pauses every caller; RPM/TPM buckets pace the requests and cap the need;
+the embedded pool has a thread per request the endpoint may have in flight."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import select
 
@@ -38,7 +39,7 @@ def _arrive(limit: AdaptiveLimit, per_s: float, seconds: float) -> None:
     limit._arrivals.extend(now - seconds + i / per_s for i in range(int(per_s * seconds)))
 
 
-def test_slow_start_doubles_to_littles_law_need_then_aimd() -> None:
+def test_slow_start_opens_to_littles_law_need_then_aimd() -> None:
     limit = AdaptiveLimit(max_limit=256, start=4)
     _arrive(limit, per_s=32, seconds=10)  # 32 steps a second at 2 s: 64 in flight needed
     limit.latency_s = 2.0
@@ -46,8 +47,8 @@ def test_slow_start_doubles_to_littles_law_need_then_aimd() -> None:
     for _ in range(6):
         _answer(limit, limit.limit, 2.0)
         windows.append(limit.limit)
-    # A window of answers: the latency is known, the limit goes to the need (at most 8x).
-    assert windows == [32, 64, 65, 66, 67, 68], windows  # then one more a window, never 128
+    # The probe's window of answers: the latency is known, the limit goes to the need at once.
+    assert windows == [64, 65, 66, 67, 68, 69], windows  # then one more a window, never 128
     assert limit.needed == 64
     before = limit.limit
     tickets = [limit.acquire() for _ in range(3)]
@@ -69,16 +70,21 @@ def test_calls_waiting_count_in_the_need_and_unknown_need_doubles() -> None:
     limit.waiting = 100  # a backlog that arrived long ago (the end of a run)
     assert limit.needed == 100
     _answer(limit, 8, 1.0)
-    assert limit.limit == 64  # 8x at most in a round trip, toward the 100 waiting
+    assert limit.limit == 100  # the 100 waiting, in one round trip
+    small = AdaptiveLimit(max_limit=256, start=1)
+    small._arrivals.extend([time.monotonic() - 1.0, time.monotonic()])
+    small.waiting = 100
+    _answer(small, 1, 1.0)  # one answer says little about the server: double, not 100
+    assert small.limit == 2
 
 
 def test_rising_latency_ends_slow_start_and_holds() -> None:
     limit = AdaptiveLimit(max_limit=256, start=4)
     _arrive(limit, per_s=100, seconds=10)  # a need of 100 at 1 s
     _answer(limit, 4, 1.0)
-    assert limit.limit == 32
-    _answer(limit, 32, 2.5)  # requests queue at the server
-    assert limit.limit == 32 and not limit.slow_start
+    assert limit.limit == 100
+    _answer(limit, 100, 2.5)  # requests queue at the server
+    assert limit.limit == 100 and not limit.slow_start
 
 
 def test_retry_after_pauses_every_caller() -> None:
@@ -107,6 +113,21 @@ def test_rpm_paces_requests_and_tpm_the_tokens() -> None:
     assert done.wait(6)
 
 
+def test_the_rate_limits_cap_the_need() -> None:
+    """At 600 requests a minute and 2 s an answer, 20 in flight use the whole allowance: the
+    limit opens to 20, not to the 100 waiting (they would only wait on the bucket, each holding
+    a slot)."""
+    limit = AdaptiveLimit(max_limit=256, start=4)
+    limit.pace = RateLimit(rpm=600, tpm=None).per_s
+    _arrive(limit, per_s=50, seconds=10)
+    limit.waiting = 100
+    _answer(limit, 4, 2.0)
+    assert limit.needed == 20 and limit.limit == 20
+    tokens = RateLimit(rpm=None, tpm=60_000)  # 1,000 tokens a second, 500 a call: 2 calls/s
+    tokens.spent(tokens.wait(), 500)
+    assert tokens.per_s() == 2.0
+
+
 def test_defaults_suit_a_hosted_api_and_the_pool_has_a_thread_per_slot(pg_url: str) -> None:
     p = RemoteParams()
     assert p.concurrency >= 256 and p.concurrency_start > 1 and p.adaptive
@@ -124,24 +145,60 @@ def test_defaults_suit_a_hosted_api_and_the_pool_has_a_thread_per_slot(pg_url: s
 
 
 @contextmanager
-def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, int]]]:
+def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, Any]]]:
     """A real `POST /v1/correct` server that answers 'correct' after ``delay_s`` and counts the
-    requests in flight at once (``peak``)."""
+    requests in flight at once (``peak``) and, per request, how many were in flight and how many
+    had been answered when it came (``arrivals``)."""
     from fastapi import FastAPI
 
-    app, seen = FastAPI(), {"now": 0, "peak": 0, "total": 0}
+    app = FastAPI()
+    seen: dict[str, Any] = {"now": 0, "peak": 0, "total": 0, "answered": 0, "arrivals": []}
 
     @app.post("/v1/correct")
     async def correct(body: dict) -> dict:  # type: ignore[type-arg]
         seen["now"] += 1
         seen["total"] += 1
         seen["peak"] = max(seen["peak"], seen["now"])
+        seen["arrivals"].append((seen["now"], seen["answered"]))
         await asyncio.sleep(delay_s)
         seen["now"] -= 1
+        seen["answered"] += 1
         return {"verdict": "correct", "corrected_thought": None, "extras": {}, "reasoning": ""}
 
     with live_server(app) as url:
         yield url, seen
+
+
+def test_the_need_is_in_flight_one_round_trip_after_the_probe(pg_url: str) -> None:
+    """Embedded, a 2 s endpoint and a backlog of 100 steps: the probe's 4 requests come back,
+    and before any later request is answered the other 96 are in flight (the Little's-law need
+    is the backlog here), not the 32 of a slow start that grew 8x a round trip."""
+    from services.controller.backends import wait_for_corrections
+    from tests.services.corrector.helpers import make_run, make_step
+
+    agent = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
+    with counting_corrector(2.0) as (url, seen):
+        inline = {"name": "slow", "kind": "http", "base_url": url, "params": {"concurrency": 256}}
+        with session_scope() as s:
+            run = make_run(s, corrector={"name": "slow"})
+            state = {"current": 2, "target": 4}
+            ids = [make_step(s, "numberline", state, agent, run=run, idx=i).id for i in range(100)]
+            run_id = run.id
+        pool = ThreadCorrections("slow", 0.0, 0, Settings(), inline=inline)
+        try:
+            assert pool.corrector.limit.limit == 4  # type: ignore[attr-defined]
+            pool.submit(run_id, ids)
+            assert wait_for_corrections(run_id, ids, timeout_s=60) == 0
+        finally:
+            pool.close()
+    probe = [n for n, answered in seen["arrivals"] if answered == 0]
+    second = [n for n, answered in seen["arrivals"] if 0 < answered <= 4]
+    assert max(probe) == 4 and len(probe) == 4, probe
+    assert len(second) == 96 and max(second) == 96, (len(second), max(second, default=0))
+    assert seen["total"] == 100  # one call per step
+    with session_scope() as s:
+        statuses = s.scalars(select(Correction.status).where(Correction.run_id == run_id)).all()
+    assert statuses == ["done"] * 100
 
 
 def test_a_corrector_worker_has_its_threads_in_flight_at_a_slow_endpoint(
