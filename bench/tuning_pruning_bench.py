@@ -1,12 +1,14 @@
 """What early stopping saves in a study's tuning stage (services/study/tuning.py, issue 55).
 
-One invocation runs the same small search twice, each in a fresh embedded store (its own data
-folder, SQLite): GTR's learning rate over a grid of choices on NumberLine (tiny model, a few
-updates, an evaluation after every update), once with the median pruner and once with none.
-It prints, for each, the updates the trial runs trained, the CPU seconds of the training
-processes and the wall time, the setting each selects and that setting's score in the unpruned
-search; then the cost ratio (pruned / unpruned, by updates trained and by CPU) and whether the
-pruned search picked the same setting or one that scored as well without pruning.
+One invocation runs the same small study twice with `gtr study run --jobs 1`, each in a fresh
+embedded store (its own data folder, SQLite): GTR's learning rate over a grid of choices on
+NumberLine (tiny model, a few updates, an evaluation after every update), once with the median
+pruner and once with none, then the study's grid (one run of one update, the same in both).
+It prints, for each, the updates the trial runs trained, the CPU seconds of the invocation's
+processes (the grid's one run included) and its wall time, the setting each selects and that
+setting's score in the unpruned search; then the cost ratio (pruned / unpruned, by updates the
+trials trained and by CPU) and whether the pruned search picked the same setting or one that
+scored as well without pruning.
 
     .venv/bin/python bench/tuning_pruning_bench.py --updates 6
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,8 @@ STUDY = """
 name = "pruning-bench"
 seeds = [0]
 eval_episodes = {episodes}
+[budget]
+updates = 1
 [tasks.numberline]
 config = "{base}"
 [tasks.numberline.base.init]
@@ -61,7 +66,7 @@ lr = {{ choices = [{lrs}] }}
 
 
 def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
-    """The tuning stage alone, in a child process with a fresh data folder."""
+    """The study, by `gtr study run` with a fresh data folder; its tuning stage's figures."""
     data = Path(tempfile.mkdtemp(prefix=f"tuning-bench-{pruner}-"))
     study = data / "study.toml"
     lrs = [float(x) for x in args.lrs.split(",")]
@@ -79,34 +84,21 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
     env["GTR_DATA_DIR"] = str(data)
     if args.model_dir:
         env["GTR_MODEL_DIR"] = args.model_dir
-    code = (
-        "import json, sys\n"
-        "from services.study.schemas import StudyConfig\n"
-        "from services.study.runner import open_study\n"
-        "from services.study.tuning import tune, tuning_report\n"
-        "from shared.db.migrate import ensure_schema\n"
-        "cfg = StudyConfig.from_toml(sys.argv[1])\n"
-        "ensure_schema()\n"
-        "sid, _ = open_study(cfg)\n"
-        "tune(cfg, sid, 1, say=lambda s: print(s, file=sys.stderr))\n"
-        "print(json.dumps([a.model_dump() for a in tuning_report(cfg, sid)]))\n"
-    )
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(study)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    cli = [sys.executable, "-m", "services.cli", "study"]
+    run = [*cli, "run", str(study), "--jobs", "1"]
+    subprocess.run(run, cwd=ROOT, env=env, check=True, stdout=sys.stderr)
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    (arm,) = json.loads(out.stdout.strip().splitlines()[-1])
-    trained = sum(
-        (t["last_update"] + 1) if t["last_update"] is not None else 0 for t in arm["trials"]
+    report = subprocess.run(
+        [*cli, "report", "1", "--json"], cwd=ROOT, env=env, capture_output=True, check=True
     )
+    (arm,) = json.loads(report.stdout)["tuning"]
+    with sqlite3.connect(data / "gtr.sqlite3") as db:  # the trial runs: no grid cell
+        (trained,) = db.execute(
+            "SELECT SUM(updates_done) FROM runs WHERE study_id IS NULL"
+        ).fetchone()
     return {
         "pruner": pruner,
         "updates_trained": trained,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +190,33 @@ def drive(run_id: int, settings: Settings | None = None, on_progress: Any = None
         return driver.run()
 
 
+@contextmanager
+def _polling(each_poll: Callable[[Session], object] | None, poll_s: float) -> Iterator[None]:
+    """While this controller drives a run, ``each_poll`` goes on every ``poll_s`` in a thread of
+    its own: a study's tuning trial is reported to and stopped mid-run, and other studies move on
+    even when every controller is busy."""
+    if each_poll is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(poll_s):
+            try:
+                with session_scope() as s:
+                    each_poll(s)
+            except Exception:
+                log.exception("studies' scheduler error; retrying in %.1fs", poll_s)
+
+    thread = threading.Thread(target=loop, name="each-poll", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def serve_forever(
     poll_s: float = 2.0,
     stale_after_s: float = 60.0,
@@ -206,7 +234,8 @@ def serve_forever(
             run_id = claim_next(stale_after_s)
             if run_id is not None:
                 log.info("driving run %s", run_id)
-                drive(run_id)
+                with _polling(each_poll, poll_s):
+                    drive(run_id)
         except Exception:
             # The database (or Redis) went away: keep polling; a run left 'running' is resumed
             # by the stale-heartbeat claim once it is back.

@@ -26,6 +26,7 @@ from sqlalchemy import select, update
 
 from services.study import service
 from services.study.schemas import StudyConfig
+from services.study.tuning import of_study
 from shared.db.models import Run, Study, utcnow
 from shared.db.session import session_scope
 from shared.settings import get_settings
@@ -73,7 +74,7 @@ def _claim(study_id: int, n: int) -> list[int]:
     with session_scope() as s:
         ids = s.scalars(
             select(Run.id)
-            .where(Run.study_id == study_id, Run.status == "queued")
+            .where((Run.study_id == study_id) | of_study(study_id), Run.status == "queued")
             .order_by(Run.id)
             .limit(n)
         ).all()
@@ -133,7 +134,10 @@ def split_start_line(run: Run, odd: list[Run]) -> str:
 
 
 def cell_text(run: Run) -> str:
-    """'ezpoints / gtr / acc-1.0 seed 5': a study run's cell, as the terminal shows it."""
+    """'ezpoints / gtr / acc-1.0 seed 5': a study run's cell, as the terminal shows it (a
+    tuning run: 'tuning gtr trial 1 seed 100')."""
+    if run.study_id is None and (t := (run.info or {}).get("tuning")):
+        return f"tuning {t['arm']} trial {t['trial']} seed {run.config.get('seed')}"
     cell = " / ".join(x for x in (run.study_task, run.study_arm, run.study_variant) if x)
     return f"{cell} seed {run.study_seed}"
 
@@ -173,14 +177,6 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
         assert study is not None
         study.concurrency = jobs
     say(f"study {study_id}: {cfg.name} ({'resumed' if existed else 'new'}), {_size(cfg)}")
-    if cfg.tuning is not None:  # the tuning stage first; its choices go into the stored file
-        from services.study.tuning import tune
-
-        cfg = tune(cfg, study_id, jobs, say)
-        with session_scope() as s:
-            study = s.get(Study, study_id)
-            assert study is not None
-            service.replace_spec(s, study, cfg)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     children: list[Child] = []
     unreadable: str | None = None  # why this runner cannot go on with the study, once it cannot
@@ -204,7 +200,7 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
                     with session_scope() as s:
                         study = s.get(Study, study_id)
                         assert study is not None
-                        queued = service.advance(s, study, limit=jobs)
+                        queued = service.advance(s, study, limit=jobs, say=say)
                         done, status = service.finished(study), study.status
                 except ValidationError as e:
                     # Another process stored a study file this version cannot read (a newer

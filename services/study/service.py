@@ -3,6 +3,7 @@
 Plain functions over a Session that never commit (the command, request or task does). Both ways
 of running a study use them: `gtr study run` (embedded, its own worker processes) and the full
 stack, where `advance` queues runs for the controllers (`gtr controller` calls it every poll).
+A study with a tuning stage runs it first (services/study/tuning.py, polled by `advance` too).
 A cell is one run of the grid; its runs are attempt 1 and, if that one failed, attempt 2. A
 finished run can be superseded (`gtr study rerun`): its cell trains again as the next attempt.
 """
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from services.study import tuning
 from services.study.schemas import Cell, StudyConfig
 from shared.db.models import ApiToken, Checkpoint, Run, Study, utcnow
 from shared.schemas import RunConfig
@@ -228,12 +230,23 @@ def launch(session: Session, study: Study, cfg: StudyConfig, cell: Cell, attempt
     return run
 
 
-def advance(session: Session, study: Study, limit: int | None = None) -> list[Run]:
+def advance(
+    session: Session, study: Study, limit: int | None = None, say: tuning.Say | None = None
+) -> list[Run]:
     """Queue the next runs of the study, up to ``limit`` (default: its concurrency) active at
     once, retries first; then bring the study's status up to date. Returns the runs queued."""
     if study.status == "cancelled":
         return []
     cfg = config_of(study)
+    stage = tuning.advance(session, study, cfg, say)
+    if stage.selected is None:  # the tuning stage first: the grid waits for every choice
+        _set_tuning_status(session, study)
+        return stage.queued
+    if stage.selected:
+        tuned = tuning.apply_selection(cfg, stage.selected)
+        if tuned != cfg:  # the stored file carries the choices the grid runs with
+            cfg = tuned
+            study.spec = cfg.model_dump(mode="json")
     p = plan(session, study)
     slots = (limit or study.concurrency) - len(p.active)
     warming = _warming(session, p.active)
@@ -252,7 +265,16 @@ def advance(session: Session, study: Study, limit: int | None = None) -> list[Ru
     if queued:
         p = plan(session, study)
     _set_status(study, p)
-    return queued
+    return [*stage.queued, *queued]
+
+
+def _set_tuning_status(session: Session, study: Study) -> None:
+    """While tuning: running once a trial run has started, queued before."""
+    started = any(r.status != "queued" for r in tuning.trial_runs(session, study.id))
+    status = "running" if started else "queued"
+    if status != study.status:
+        study.status = status
+        study.updated_at = utcnow()
 
 
 def supersede(session: Session, study: Study, run_ids: Sequence[int], why: str) -> list[Run]:
@@ -330,7 +352,8 @@ def cancel_study(session: Session, study: Study) -> Study:
     if study.status in ("done", "failed", "cancelled"):
         raise StudyConflict(f"study {study.id} is already {study.status}")
     now = utcnow()
-    for run in study_runs(session, study.id):
+    trials = tuning.trial_runs(session, study.id) if config_of(study).tuning else []
+    for run in [*study_runs(session, study.id), *trials]:
         if run.status == "queued":
             run.status, run.finished_at, run.cancel_requested = "cancelled", now, True
         elif run.status == "running":
@@ -341,8 +364,9 @@ def cancel_study(session: Session, study: Study) -> Study:
 
 def resume_study(session: Session, study: Study) -> Study:
     """Continue a cancelled or interrupted study: its cancelled runs are queued again (each
-    resumes after its last trained update) and the cells not started yet follow. A finished
-    run is never rerun; a run that failed twice stays failed."""
+    resumes after its last trained update) and the cells not started yet follow (a running
+    trial's cancelled runs: by the tuning stage's next poll). A finished run is never rerun; a
+    run that failed twice stays failed."""
     if study.status in ("queued", "running"):
         raise StudyConflict(f"study {study.id} is {study.status}: nothing to resume")
     p = plan(session, study)
@@ -385,7 +409,7 @@ def requeue_orphans(session: Session, study: Study, stale_s: float) -> int:
     result: Any = session.execute(
         update(Run)
         .where(
-            Run.study_id == study.id,
+            (Run.study_id == study.id) | tuning.of_study(study.id),
             Run.status == "running",
             (Run.heartbeat_at.is_(None)) | (Run.heartbeat_at < stale),
         )

@@ -2,27 +2,44 @@
 
 The study file's `[tuning]` section names, per arm, the knobs to search (each a run-config
 field: `KNOBS`), their ranges or choices, a trial budget, the tuning seeds (disjoint from every
-evaluation seed), the selection metric and the rule, all validated before any run. `gtr study
-run` tunes first (`tune`): Optuna asks for each trial's settings, the trial trains one run per
-tuning seed in child processes as the grid's runs train, reports its running score after every
-evaluation, and a pruner (median or successive halving) stops a hopeless trial through the
-run's cancel flag. Trials live in Optuna's storage (SQLite beside the embedded store,
-`tuning.sqlite3` in the data folder: Optuna's own `studies` table would collide with ours in
-the platform database), keyed by the study's id, so a resumed study does not tune again. Each
-arm's selected settings are merged into its overlay, and the grid runs with them.
+evaluation seed), the selection metric and the rule, all validated before any run.
+
+The stage is a state machine polled by the study's scheduler (`service.advance`: every poll of
+`gtr controller` on the full stack, every second of `gtr study run` embedded), so it needs no
+process of its own and survives one killed. Each poll, per tuned arm: a running trial whose runs
+are missing gets them (one per tuning seed, queued, `info.tuning` naming study, arm and trial,
+no grid cell), so any controller trains them; its running score (the mean over its runs of each
+one's selection score so far) is reported to Optuna at every evaluation all its runs reached,
+and when the pruner (median or successive halving) says stop, its runs are cancelled (queued
+ones here, running ones through their cancel flag); once they all ended Optuna is told
+(complete with the score, pruned, or failed). With no trial running and fewer than the budget
+counted, Optuna is asked for the next. When every arm has its choice (the rule over completed
+trials) the grid starts, each arm's overlay carrying its selected settings; a finished stage is
+never tuned again.
+
+Optuna's storage (`storage`): on PostgreSQL the platform's own database, Optuna's tables in
+their own schema (`optuna`, created if missing; the engine's search_path points there), since
+Optuna's `studies` and `alembic_version` tables would collide with ours in the default schema.
+On the embedded SQLite default, a file beside the store (`tuning.sqlite3`): SQLite has no
+schemas, and attaching a second database per connection would buy nothing over a file. Optuna
+commits on its own connection: every step above is written so that a poll whose transaction
+rolls back is repaired by the next (missing runs queued again, a decided stop applied again).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-import os
-import subprocess
-import sys
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.orm import Session
 
 from services.study.schemas import (
     KnobSpec,
@@ -33,12 +50,16 @@ from services.study.schemas import (
     trial_config,
     tuned_task,
 )
+from shared.db.models import Run, Study, Update, utcnow
 
 if TYPE_CHECKING:
     import optuna
 
-POLL_S = 1.0
+log = logging.getLogger("gtr.study")
+
 Say = Callable[[str], None]
+SCHEMA = "optuna"  # Optuna's tables on PostgreSQL
+SQLITE_FILE = "tuning.sqlite3"  # Optuna's tables beside an embedded SQLite store
 
 
 def apply_selection(cfg: StudyConfig, selected: dict[str, dict[str, Any]]) -> StudyConfig:
@@ -76,28 +97,65 @@ def _space_text(s: KnobSpec) -> str:
     return f"[{s.low:g}, {s.high:g}]{' log' if s.log else ''}"
 
 
-# --- the stage: Optuna over the platform's runs -------------------------------------------
+# --- the stage: a state machine over Optuna and the platform's runs -------------------------
 
 
-def storage_url() -> str:
+def storage() -> optuna.storages.RDBStorage:
+    """Optuna's storage for this store: see the module doc."""
     from shared.settings import get_settings
 
-    folder = get_settings().data_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(folder / 'tuning.sqlite3').resolve()}"
+    return _storage(get_settings().db_url)
 
 
-def _optuna_study(cfg: StudyConfig, study_id: int, arm: str, create: bool) -> optuna.Study | None:
+@functools.cache
+def _storage(db_url: str) -> optuna.storages.RDBStorage:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if db_url.startswith("sqlite"):
+        path = db_url.removeprefix("sqlite:///")
+        from shared.settings import get_settings
+
+        folder = Path(path).parent if path and path != ":memory:" else get_settings().data_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.RDBStorage(f"sqlite:///{(folder / SQLITE_FILE).resolve()}")
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from shared.db.session import get_engine
+
+    for attempt in range(3):  # two processes creating the schema or its tables at once: retry
+        try:
+            with get_engine(db_url).begin() as conn:
+                conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+            return optuna.storages.RDBStorage(
+                db_url,
+                engine_kwargs={
+                    "pool_pre_ping": True,
+                    "connect_args": {"options": f"-c search_path={SCHEMA}"},
+                },
+            )
+        except DBAPIError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
+
+
+def _optuna_study(
+    cfg: StudyConfig, study_id: int, arm: str, create: bool, db_url: str | None = None
+) -> optuna.Study | None:
+    """The arm's Optuna study in the storage of ``db_url`` (default: the settings' store)."""
+    import optuna
+
+    store = _storage(db_url) if db_url else storage()
+
     t = cfg.tuning
     assert t is not None
     name = f"gtr-study-{study_id}/{arm}"
-    storage = optuna.storages.RDBStorage(storage_url())
     if not create:
         try:
-            return optuna.load_study(study_name=name, storage=storage)
+            return optuna.load_study(study_name=name, storage=store)
         except KeyError:
             return None
     sampler = optuna.samplers.TPESampler(seed=t.sampler_seed)
@@ -110,19 +168,20 @@ def _optuna_study(cfg: StudyConfig, study_id: int, arm: str, create: bool) -> op
     }[t.pruner]()
     higher = t.selection(cfg.primary).higher_is_better
     study = optuna.create_study(
-        storage=storage,
+        storage=store,
         study_name=name,
         direction="maximize" if higher else "minimize",
         sampler=sampler,
         pruner=pruner,
         load_if_exists=True,
     )
-    if t.sampler == "grid" and not study.get_trials(deepcopy=False):
+    if t.sampler == "grid" and not study.user_attrs.get("grid_enqueued"):
         # The grid as enqueued trials, in order (Optuna's GridSampler stops the study when
         # exhausted, which ask-and-tell does not allow); trials past the grid: TPE.
         knobs = t.arms[arm]
         for values in itertools.product(*(s.choices or [] for s in knobs.values())):
             study.enqueue_trial(dict(zip(knobs, values, strict=True)))
+        study.set_user_attr("grid_enqueued", True)
     return study
 
 
@@ -135,42 +194,197 @@ def _suggest(trial: optuna.Trial, knob: str, s: KnobSpec) -> Any:
     return trial.suggest_float(knob, s.low, s.high, log=s.log)
 
 
-def tune(cfg: StudyConfig, study_id: int, jobs: int, say: Say = print) -> StudyConfig:
-    """Run the tuning stage (trials already in the storage count: a resumed study goes on where
-    it stopped, a finished stage is not run again); the study with each arm's selection."""
+_SELECTED: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}  # a finished stage's choices
+
+
+def advance(session: Session, study: Study, cfg: StudyConfig, say: Say | None = None) -> Stage:
+    """One poll of the study's tuning stage (see the module doc); never commits. Its `selected`
+    is each tuned arm's choice once every arm has one (an arm none of whose trials completed
+    keeps its own settings: {}), None while the stage runs."""
+    from optuna.trial import TrialState
+
+    say = say or _log
+    t = cfg.tuning
+    if t is None:
+        return Stage({}, [])
+    url = session.get_bind().engine.url.render_as_string(hide_password=False)
+    key = (url, study.id)
+    if key in _SELECTED:
+        return Stage(_SELECTED[key], [])
+    selected: dict[str, dict[str, Any]] = {}
+    queued: list[Run] = []
+    busy = False
+    for arm, knobs in t.arms.items():
+        ostudy = _optuna_study(cfg, study.id, arm, create=True, db_url=url)
+        assert ostudy is not None
+        chosen = ostudy.user_attrs.get("selected")
+        if chosen is not None:
+            selected[arm] = dict(chosen["params"] or {})
+            continue
+        running = ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        for tr in running:
+            queued += _step(session, study, cfg, arm, ostudy, tr, say)
+        if ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            busy = True
+        elif _counted(ostudy) < t.trials:
+            trial = ostudy.ask()
+            params = {k: _suggest(trial, k, s) for k, s in knobs.items()}
+            queued += _queue(session, study, cfg, arm, ostudy, trial.number, params, say)
+            busy = True
+        else:
+            best = choose(ostudy)
+            chosen = {"trial": best.number, "params": best.params} if best else {"trial": None}
+            ostudy.set_user_attr("selected", {"params": {}, **chosen})
+            selected[arm] = dict(chosen.get("params") or {})
+            say(
+                f"tuning {arm}: selected trial {best.number} {best.params} (score {best.value:.4g})"
+                if best
+                else f"tuning {arm}: no trial completed; the arm keeps its own settings"
+            )
+    if busy:
+        return Stage(None, queued)
+    _SELECTED[key] = selected
+    return Stage(selected, queued)
+
+
+@dataclass
+class Stage:
+    selected: dict[str, dict[str, Any]] | None  # None: still tuning
+    queued: list[Run]  # the trial runs this poll queued
+
+
+def of_study(study_id: int) -> ColumnElement[bool]:
+    """The SQL condition for a run of the study's tuning stage."""
+    return Run.study_id.is_(None) & (Run.info[("tuning", "study_id")].as_integer() == study_id)
+
+
+def trial_runs(session: Session, study_id: int, arm: str | None = None) -> list[Run]:
+    """The study's trial runs (all, or one arm's): runs of no grid cell, tagged in info."""
+    query = select(Run).where(of_study(study_id)).order_by(Run.id)
+    runs = list(session.scalars(query))
+    return [r for r in runs if arm is None or r.info["tuning"].get("arm") == arm]
+
+
+def _queue(
+    session: Session,
+    study: Study,
+    cfg: StudyConfig,
+    arm: str,
+    ostudy: optuna.Study,
+    number: int,
+    params: dict[str, Any],
+    say: Say,
+) -> list[Run]:
+    """The trial's runs, one per tuning seed, queued for any controller (or the runner)."""
     from optuna.trial import TrialState
 
     t = cfg.tuning
-    if t is None:
-        return cfg
-    selected: dict[str, dict[str, Any]] = {}
-    for arm, knobs in t.arms.items():
-        study = _optuna_study(cfg, study_id, arm, create=True)
-        assert study is not None
-        for tr in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study.tell(tr.number, state=TrialState.FAIL)  # left by an interrupted invocation
-            study._storage.set_trial_user_attr(tr._trial_id, "interrupted", True)
-        while _counted(study) < t.trials:
-            trial = study.ask()
-            params = {k: _suggest(trial, k, s) for k, s in knobs.items()}
-            _run_trial(cfg, study_id, arm, trial, params, jobs, say)
-        best = choose(study)
-        if best is None:
-            say(f"tuning {arm}: no trial completed; the arm keeps its own settings")
-            continue
-        selected[arm] = dict(best.params)
-        study.set_user_attr("selected", {"trial": best.number, "params": best.params})
-        say(f"tuning {arm}: selected trial {best.number} {best.params} (score {best.value:.4g})")
-    return apply_selection(cfg, selected)
+    assert t is not None
+    runs = []
+    for seed in t.seeds:
+        try:
+            rc = trial_config(cfg, arm, seed, params, number)
+        except ValueError as e:  # a knob value no run config takes: the trial fails, once
+            _attr(ostudy, number, "error", str(e))
+            ostudy.tell(number, state=TrialState.FAIL)
+            say(f"tuning {arm} trial {number}: failed ({e})")
+            return []
+        run = Run(
+            name=rc.name,
+            team=study.team,
+            task=rc.task,
+            algorithm=rc.algorithm,
+            status="queued",
+            config=rc.model_dump(mode="json"),
+            total_env_steps=rc.total_env_steps,
+            num_updates=rc.train.num_updates,
+            info={"tuning": {"study_id": study.id, "arm": arm, "trial": number}},
+        )
+        session.add(run)
+        runs.append(run)
+    session.flush()
+    say(f"tuning {arm} trial {number} {params}: runs {', '.join(str(r.id) for r in runs)}")
+    return runs
+
+
+def _step(
+    session: Session,
+    study: Study,
+    cfg: StudyConfig,
+    arm: str,
+    ostudy: optuna.Study,
+    tr: optuna.trial.FrozenTrial,
+    say: Say,
+) -> list[Run]:
+    """A running trial: queue its runs if none exist (a poll that asked for it did not
+    commit), report its running score at each evaluation all its runs reached, stop its runs
+    when the pruner says so, requeue runs a cancelled study left, tell Optuna when they end."""
+    import optuna
+    from optuna.trial import TrialState
+
+    t = cfg.tuning
+    assert t is not None
+    runs = [r for r in trial_runs(session, study.id, arm) if r.info["tuning"]["trial"] == tr.number]
+    if not runs:
+        return _queue(session, study, cfg, arm, ostudy, tr.number, dict(tr.params), say)
+    ids = [r.id for r in runs]
+    if tr.user_attrs.get("runs") != ids:
+        _attr(ostudy, tr.number, "runs", ids)
+    metric = t.selection(cfg.primary)
+    stopped = tr.user_attrs.get("stopped_at")
+    if stopped is None:
+        trial = optuna.trial.Trial(ostudy, tr._trial_id)
+        for step, value in _running_scores(_curves(session, ids, metric.metric), metric, len(ids)):
+            if step in tr.intermediate_values:
+                continue
+            trial.report(value, step)
+            if trial.should_prune():
+                stopped = step
+                trial.set_user_attr("stopped_at", step)
+                break
+    now = utcnow()
+    for run in runs:
+        if stopped is not None and run.status == "queued":
+            run.status, run.finished_at, run.cancel_requested = "cancelled", now, True
+        elif stopped is not None and run.status == "running":
+            run.cancel_requested = True
+        elif stopped is None and run.status == "cancelled":
+            # Only a cancelled study stops a trial's runs otherwise: it was resumed.
+            run.status, run.finished_at, run.cancel_requested = "queued", None, False
+    if any(r.status in ("queued", "running") for r in runs):
+        return []
+    head = f"tuning {arm} trial {tr.number}"
+    if stopped is not None:
+        ostudy.tell(tr.number, state=TrialState.PRUNED)
+        say(f"{head}: pruned at update {stopped}")
+        return []
+    scores = [metric.score(c) for c in _curves(session, ids, metric.metric).values()]
+    if any(r.status != "completed" for r in runs) or any(v is None for v in scores):
+        error = f"runs ended {', '.join(r.status for r in runs)}"
+        _attr(ostudy, tr.number, "error", error)
+        ostudy.tell(tr.number, state=TrialState.FAIL)
+        say(f"{head}: failed ({error})")
+        return []
+    value = sum(v for v in scores if v is not None) / len(scores)
+    ostudy.tell(tr.number, value)
+    say(f"{head}: score {value:.4g}")
+    return []
+
+
+def _log(line: str) -> None:
+    log.info("%s", line)
+
+
+def _attr(ostudy: optuna.Study, number: int, key: str, value: Any) -> None:
+    trial_id = ostudy._storage.get_trial_id_from_study_id_trial_number(ostudy._study_id, number)
+    ostudy._storage.set_trial_user_attr(trial_id, key, value)
 
 
 def _counted(study: optuna.Study) -> int:
     from optuna.trial import TrialState
 
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(
-        not tr.user_attrs.get("interrupted") for tr in study.get_trials(deepcopy=False, states=done)
-    )
+    return len(study.get_trials(deepcopy=False, states=done))
 
 
 def choose(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -185,129 +399,17 @@ def choose(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return max(done, key=lambda tr: (sign * float(tr.value or 0.0), -tr.number))
 
 
-def _run_trial(
-    cfg: StudyConfig,
-    study_id: int,
-    arm: str,
-    trial: optuna.Trial,
-    params: dict[str, Any],
-    jobs: int,
-    say: Say,
-) -> None:
-    """Train the trial's runs (one per tuning seed), report the mean running score after every
-    evaluation all of them reached, stop them when the pruner says so, and tell Optuna."""
-    from optuna.trial import TrialState
-    from sqlalchemy import update
-
-    from shared.db.models import Run
-    from shared.db.session import session_scope
-
-    t = cfg.tuning
-    assert t is not None
-    metric = t.selection(cfg.primary)
-    ids: list[int] = []
-    with session_scope() as s:
-        for seed in t.seeds:
-            rc = trial_config(cfg, arm, seed, params, trial.number)
-            run = Run(
-                name=rc.name,
-                team="default",
-                task=rc.task,
-                algorithm=rc.algorithm,
-                status="running",
-                config=rc.model_dump(mode="json"),
-                total_env_steps=rc.total_env_steps,
-                num_updates=rc.train.num_updates,
-                info={"tuning": {"study_id": study_id, "arm": arm, "trial": trial.number}},
-            )
-            s.add(run)
-            s.flush()
-            ids.append(run.id)
-    trial.set_user_attr("runs", ids)
-    say(f"tuning {arm} trial {trial.number} {params}: runs {', '.join(map(str, ids))}")
-    threads = max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(ids))))
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    waiting = list(ids)
-    reported: set[int] = set()
-    stopped_at: int | None = None
-    try:
-        while waiting or procs:
-            while waiting and len(procs) < jobs:
-                run_id = waiting.pop(0)
-                procs[run_id] = _spawn(study_id, run_id, threads)
-            for run_id in [r for r, p in procs.items() if p.poll() is not None]:
-                procs.pop(run_id)
-            curves = _curves(ids, metric.metric)
-            for step, value in _running_scores(curves, metric, len(ids)):
-                if step in reported or stopped_at is not None:
-                    continue
-                reported.add(step)
-                trial.report(value, step)
-                if trial.should_prune():
-                    stopped_at = step
-                    waiting.clear()
-                    with session_scope() as s:
-                        s.execute(update(Run).where(Run.id.in_(ids)).values(cancel_requested=True))
-            time.sleep(POLL_S)
-    except BaseException:
-        for p in procs.values():
-            p.terminate()
-        raise
-    statuses = _statuses(ids)
-    if stopped_at is not None:
-        trial.set_user_attr("stopped_at", stopped_at)
-        study_tell(trial, TrialState.PRUNED, None)
-        say(f"tuning {arm} trial {trial.number}: pruned at update {stopped_at}")
-        return
-    scores = [metric.score(c) for c in _curves(ids, metric.metric).values()]
-    if any(st != "completed" for st in statuses) or any(v is None for v in scores):
-        trial.set_user_attr("error", f"runs ended {', '.join(statuses)}")
-        study_tell(trial, TrialState.FAIL, None)
-        say(f"tuning {arm} trial {trial.number}: failed (runs ended {', '.join(statuses)})")
-        return
-    value = sum(v for v in scores if v is not None) / len(scores)
-    study_tell(trial, TrialState.COMPLETE, value)
-    say(f"tuning {arm} trial {trial.number}: score {value:.4g}")
-
-
-def study_tell(trial: optuna.Trial, state: Any, value: float | None) -> None:
-    trial.study.tell(trial, value, state=state)
-
-
-def _spawn(study_id: int, run_id: int, threads: int) -> subprocess.Popen[bytes]:
-    from shared.settings import get_settings
-
-    folder = get_settings().data_dir / "studies" / str(study_id)  # the runner's log folder
-    folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.setdefault("GTR_TORCH_THREADS", str(threads))
-    with open(folder / f"tuning-run-{run_id}.log", "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.study.runner", str(run_id)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-
-
-def _curves(ids: list[int], metric: str) -> dict[int, list[tuple[int, float]]]:
-    from sqlalchemy import select
-
-    from shared.db.models import Update
-    from shared.db.session import session_scope
-
+def _curves(session: Session, ids: list[int], metric: str) -> dict[int, list[tuple[int, float]]]:
     out: dict[int, list[tuple[int, float]]] = {i: [] for i in ids}
-    with session_scope() as s:
-        rows = s.execute(
-            select(Update.run_id, Update.idx, Update.metrics)
-            .where(Update.run_id.in_(ids))
-            .order_by(Update.idx)
-        )
-        for run_id, idx, metrics in rows:
-            value = (metrics or {}).get(metric)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                out[run_id].append((idx, float(value)))
+    rows = session.execute(
+        select(Update.run_id, Update.idx, Update.metrics)
+        .where(Update.run_id.in_(ids))
+        .order_by(Update.idx)
+    )
+    for run_id, idx, metrics in rows:
+        value = (metrics or {}).get(metric)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[run_id].append((idx, float(value)))
     return out
 
 
@@ -325,16 +427,6 @@ def _running_scores(
         if all(v is not None for v in scores):
             out.append((step, sum(v for v in scores if v is not None) / n))
     return out
-
-
-def _statuses(ids: list[int]) -> list[str]:
-    from sqlalchemy import select
-
-    from shared.db.models import Run
-    from shared.db.session import session_scope
-
-    with session_scope() as s:
-        return [str(x) for x in s.scalars(select(Run.status).where(Run.id.in_(ids))).all()]
 
 
 # --- the record, for the report -----------------------------------------------------------
@@ -410,11 +502,12 @@ def report_lines(arms: list[ArmTuning]) -> list[str]:
     """The tuning stage as the terminal report and the Markdown section list it."""
     lines = []
     for a in arms:
-        chosen = (
-            f"selected trial {a.selected_trial} {a.selected}"
-            if a.selected is not None
-            else "nothing selected yet"
-        )
+        if a.selected is None:
+            chosen = "nothing selected yet"
+        elif a.selected_trial is None:
+            chosen = "no trial completed: the arm keeps its own settings"
+        else:
+            chosen = f"selected trial {a.selected_trial} {a.selected}"
         lines.append(f"tuning {a.arm} on {a.task} by {a.metric}: {chosen}")
         lines += [f"  {trial_text(tr)}" for tr in a.trials]
     return lines

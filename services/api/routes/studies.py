@@ -57,12 +57,6 @@ def _get(db: Session, token: ApiToken, study_id: int) -> Study:
 def _check_cells(db: Session, cfg: StudyConfig, team: str) -> None:
     """Each distinct run config passes the checks a single run meets at launch (its corrector,
     model and checkpoint must be the team's); a refusal names the task and arm."""
-    if cfg.tuning is not None:  # the controllers do not run a tuning stage (yet)
-        raise runs.Invalid(
-            ("tuning",),
-            "the tuning stage runs with `gtr study run` (embedded); the full stack's "
-            "controllers do not run it: leave [tuning] out, or run the study with gtr study run",
-        )
     seen: set[str] = set()
     for cell in cfg.cells():
         run_cfg = cfg.run_config(cell)

@@ -1,29 +1,37 @@
 """The tuning stage (services/study/tuning.py): a bad `[tuning]` section is one line and nothing
-runs (CLI and REST), `gtr study plan` shows the trials and their cost, and
-configs/studies/demo-tuning.toml tunes GTR's sft_coef on a tuning seed, then runs its grid with
-the selected value, and a second `gtr study run` does not tune again."""
+runs (CLI and REST), `gtr study plan` shows the trials and their cost; configs/studies/
+demo-tuning.toml's study run by `gtr study run` (embedded) tunes on a tuning seed, prunes a trial
+behind the other, runs its grid with the choice and does not tune again when run again; a
+study posted through REST tunes through a real `gtr controller` (PostgreSQL), killed and
+restarted mid-trial, and the report and the study page show the trials and the choice.
+
+Both studies select by a deterministic curve, each update's recorded learning rate (`lr`, its
+peak at update 0; lower is better), over lr in {0.001, 0.01}: trial 0 (0.001) completes, trial 1
+(0.01) is behind it at its first report, so the median rule stops it there."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from services.api.app import create_app
 from services.api.auth import COOKIE_NAME, create_token
 from shared.db.models import Run, Study
 from shared.db.session import session_scope
-from tests.conftest import free_port, live_server
-from tests.e2e.helpers import ROOT
+from tests.conftest import live_server
+from tests.e2e.helpers import ROOT, cancel_active_runs, tiny_run
 from tests.services.study.tiny_study import gtr_cli
 
 DEMO = ROOT / "configs" / "studies" / "demo-tuning.toml"
@@ -105,7 +113,6 @@ def _body(tuning: dict[str, Any]) -> dict[str, Any]:
         ({"arms": {"gtr": {}}}, "empty search space"),
         ({"arms": {"gtr": {"lr": {"choices": [1e-3]}}}, "seeds": [1]}, "also evaluation seed"),
         ({"arms": {"gtr": {"momentum": {"choices": [0.9]}}}}, "unknown knob 'momentum'"),
-        ({"arms": {"gtr": {"lr": {"choices": [1e-3, 1e-4]}}}}, "gtr study run"),
     ],
 )
 def test_rest_refuses_a_tuning_section_in_one_line_and_stores_nothing(
@@ -131,128 +138,229 @@ def test_the_plan_shows_the_trials_and_the_cost_with_tuning(tmp_path: Path) -> N
     assert not (tmp_path / "data" / "tuning.sqlite3").exists()  # the plan writes nothing
 
 
-@pytest.mark.slow
-def test_the_demo_tuning_study_tunes_then_runs_the_grid_with_the_choice(
-    tmp_path: Path, default_model_dir: Path
-) -> None:
-    data = tmp_path / "data"
-    env = {
-        "GTR_DATA_DIR": str(data),
-        "GTR_MODEL_DIR": str(default_model_dir.parent),
-        "GTR_DATABASE_URL": None,  # the embedded default
-        "GTR_REDIS_URL": None,
-    }
-    out = gtr_cli("study", "run", str(DEMO), env=env, timeout=1800)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "tuning gtr trial 0 {'sft_coef': " in out.stdout
-    assert "tuning gtr: selected trial" in out.stdout and "study 1 done" in out.stdout
-    report = json.loads(gtr_cli("study", "report", "1", "--json", env=env).stdout)
-    (arm,) = report["tuning"]
-    trials = arm["trials"]
-    assert [t["number"] for t in trials] == [0, 1]
-    assert sorted(t["params"]["sft_coef"] for t in trials) == [0.5, 2.0]  # the grid, in full
-    assert all(t["state"] in ("complete", "pruned") for t in trials)
-    complete = [t for t in trials if t["state"] == "complete"]
-    best = max(complete, key=lambda t: (t["score"], -t["number"]))
-    assert arm["selected_trial"] == best["number"] and arm["selected"] == best["params"]
-    for t in trials:
-        if t["state"] == "pruned":
-            assert t["stopped_at"] is not None and t["stopped_at"] < 2
-    url = f"sqlite:///{data / 'gtr.sqlite3'}"
-    with session_scope(url) as s:
-        runs = s.scalars(select(Run).order_by(Run.id)).all()
-        tuning = [r for r in runs if r.study_id is None]
-        grid = [r for r in runs if r.study_id == 1]
-        assert sorted(r.id for r in tuning) == sorted(x for t in trials for x in t["runs"])
-        assert all(r.config["seed"] == 100 for r in tuning)  # a tuning seed, never 0
-        (run,) = grid
-        assert run.status == "completed" and run.config["seed"] == 0
-        chosen = arm["selected"]["sft_coef"]
-        assert run.config["train"]["sft_coef"] == chosen  # the grid runs with the choice
-        study = s.get(Study, 1)
-        assert study is not None and study.spec["arms"]["gtr"]["train"]["sft_coef"] == chosen
-    text = gtr_cli("study", "report", "1", "--markdown", env=env).stdout
-    assert "### Tuning" in text and "selected trial" in text
-    assert text.count("- trial ") == 2
-    again = gtr_cli("study", "run", str(DEMO), env=env, timeout=300)  # resumes: no new trial
-    assert again.returncode == 0 and "tuning gtr trial" not in again.stdout, again.stdout
-    assert "started" not in again.stdout
-    with session_scope(url) as s:
-        assert len(s.scalars(select(Run.id)).all()) == len(runs)
-    _the_page_shows_every_trial_and_the_choice(env, arm)
-
-
-def _the_page_shows_every_trial_and_the_choice(env: dict[str, str | None], arm: Any) -> None:
-    """`gtr serve` on the study's store: the API's report and the study page list the trials."""
-    token = gtr_cli("token", "create", "page", "--read-only", env=env).stdout.strip()
-    port = free_port()
-    full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--port", str(port)],
-        cwd=ROOT,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and server.poll() is None
-                time.sleep(0.5)
-        with httpx.Client(base_url=url, cookies={COOKIE_NAME: token}, timeout=60) as c:
-            api = c.get("/api/studies/1", headers={"Authorization": f"Bearer {token}"})
-            assert api.status_code == 200, api.text
-            assert api.json()["tuning"][0]["selected"] == arm["selected"]
-            page = c.get("/studies/1")
-            assert page.status_code == 200, page.text[:500]
-        html = page.text
-        assert 'id="tuning"' in html and html.count("<tr") >= 2
-        for t in arm["trials"]:
-            assert f"sft_coef = {t['params']['sft_coef']}" in html
-        assert f"selected trial {arm['selected_trial']}" in html
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
-@pytest.mark.slow
-def test_the_pruner_stops_a_trial_behind_the_others_and_its_run_ends_cancelled(
-    tmp_path: Path, default_model_dir: Path
-) -> None:
-    # A deterministic curve: each update records its learning rate (`lr`, peak at update 0).
-    # Selected by the lowest mean lr, trial 1 (lr 0.01) is behind trial 0's 0.001 at its
-    # first report, so the median rule stops it there.
-    text = DEMO.read_text().replace('name = "demo-tuning"', 'name = "pruned"')
+def _lr_study(name: str) -> str:
+    """demo-tuning.toml's study (tuning seed 100, grid sampler, median pruner), selecting by the
+    recorded lr over lr in {0.001, 0.01}, from no warm start with short episodes (an untrained
+    policy's are all truncations: 3 steps of 24 tokens keep its evaluations short)."""
+    text = DEMO.read_text().replace('name = "demo-tuning"', f'name = "{name}"')
     text = text.replace('config = "../numberline-tiny.toml"', f'config = "{BASE}"')
+    text = text.replace(
+        "[tasks.numberline.base.init]\nvision_steps = 20\nsft_samples = 32\nsft_steps = 10\n",
+        '[tasks.numberline.base.init]\nkind = "none"\n[tasks.numberline.base.env]\n'
+        "max_episode_steps = 3\n[tasks.numberline.base.generation]\nmax_new_tokens = 24\n",
+    )
     text = text.replace(
         'metric = { metric = "eval/success_rate", reduce = "mean" }',
         'metric = { metric = "lr", reduce = "mean", higher_is_better = false }',
     ).replace("sft_coef = { choices = [0.5, 2.0] }", "lr = { choices = [0.001, 0.01] }")
-    path = tmp_path / "pruned.toml"
-    path.write_text(text)
-    data = tmp_path / "data"
-    env = {
-        "GTR_DATA_DIR": str(data),
+    assert text.count("lr = { choices") == 1 and 'kind = "none"' in text, text
+    return text
+
+
+@dataclass
+class Embedded:
+    env: dict[str, str | None]
+    out: subprocess.CompletedProcess[str]
+    url: str  # the store's
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Embedded:
+    """`gtr study run` of the lr study on the embedded default (SQLite), in a data folder of its
+    own: its tuning stage and its grid of one run."""
+    folder = tmp_path_factory.mktemp("tuning-embedded")
+    path = folder / "pruned.toml"
+    path.write_text(_lr_study("pruned"))
+    env: dict[str, str | None] = {
+        "GTR_DATA_DIR": str(folder / "data"),
         "GTR_MODEL_DIR": str(default_model_dir.parent),
-        "GTR_DATABASE_URL": None,
+        "GTR_DATABASE_URL": None,  # the embedded default
         "GTR_REDIS_URL": None,
     }
-    out = gtr_cli("study", "run", str(path), env=env, timeout=1800)
+    out = gtr_cli("study", "run", str(path), env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "tuning gtr trial 1: pruned at update 0" in out.stdout
-    (arm,) = json.loads(gtr_cli("study", "report", "1", "--json", env=env).stdout)["tuning"]
+    return Embedded(env, out, f"sqlite:///{folder / 'data' / 'gtr.sqlite3'}")
+
+
+def _check_stage(arm: dict[str, Any], runs: list[Run], grid: Run, team: str, seed: int) -> None:
+    """What both ways of running a study must show: every trial of the grid sampler, trial 1
+    stopped at its first report with its run cancelled before its budget, trial 0 selected, its
+    runs on the tuning seed, and the grid's run on its evaluation seed with the choice."""
     first, second = arm["trials"]
+    assert [first["number"], second["number"]] == [0, 1]
+    assert [first["params"], second["params"]] == [{"lr": 0.001}, {"lr": 0.01}]
     assert first["state"] == "complete" and 0 < first["score"] <= 0.001
     assert second["state"] == "pruned" and second["stopped_at"] == 0
-    assert arm["selected"] == {"lr": 0.001}
-    with session_scope(f"sqlite:///{data / 'gtr.sqlite3'}") as s:
-        (stopped,) = [s.get(Run, i) for i in second["runs"]]
-        assert stopped is not None and stopped.status == "cancelled"
-        assert stopped.updates_done < 2  # stopped before its budget
-        (run,) = s.scalars(select(Run).where(Run.study_id == 1)).all()
-        assert run.status == "completed" and run.config["train"]["lr"] == 0.001
+    assert arm["selected"] == {"lr": 0.001} and arm["selected_trial"] == 0
+    by_id = {r.id: r for r in runs}
+    assert sorted(by_id) == sorted(first["runs"] + second["runs"])
+    assert all(r.config["seed"] == 100 and r.team == team for r in runs)  # never seed `seed`
+    assert [by_id[i].status for i in first["runs"]] == ["completed"]
+    (stopped,) = [by_id[i] for i in second["runs"]]
+    assert stopped.status == "cancelled" and stopped.updates_done < 2  # before its budget
+    assert stopped.config["train"]["lr"] == 0.01
+    assert grid.status == "completed" and grid.config["seed"] == seed
+    assert grid.config["train"]["lr"] == 0.001  # the grid runs with the choice
+
+
+@pytest.mark.slow
+def test_gtr_study_run_tunes_prunes_and_runs_the_grid_with_the_choice(
+    embedded: Embedded,
+) -> None:
+    stdout = embedded.out.stdout
+    assert "tuning gtr trial 0 {'lr': 0.001}: runs 1" in stdout
+    assert "tuning gtr trial 1: pruned at update 0" in stdout
+    assert "tuning gtr: selected trial 0 {'lr': 0.001}" in stdout and "study 1 done" in stdout
+    report = json.loads(gtr_cli("study", "report", "1", "--json", env=embedded.env).stdout)
+    (arm,) = report["tuning"]
+    with session_scope(embedded.url) as s:
+        runs = list(s.scalars(select(Run).order_by(Run.id)))
+        (grid,) = [r for r in runs if r.study_id == 1]
+        _check_stage(arm, [r for r in runs if r.study_id is None], grid, "default", 0)
+        study = s.get(Study, 1)
+        assert study is not None and study.spec["arms"]["gtr"]["train"]["lr"] == 0.001
+    text = gtr_cli("study", "report", "1", "--markdown", env=embedded.env).stdout
+    assert "### Tuning" in text and "selected trial 0" in text
+    assert text.count("- trial ") == 2
+
+
+@pytest.mark.slow
+def test_a_second_gtr_study_run_does_not_tune_again(embedded: Embedded) -> None:
+    with session_scope(embedded.url) as s:
+        before = len(s.scalars(select(Run.id)).all())
+    path = Path(str(embedded.env["GTR_DATA_DIR"])).parent / "pruned.toml"
+    again = gtr_cli("study", "run", str(path), env=embedded.env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "tuning gtr trial" not in again.stdout and "started" not in again.stdout
+    assert "study 1 done" in again.stdout
+    with session_scope(embedded.url) as s:
+        assert len(s.scalars(select(Run.id)).all()) == before
+
+
+def _page_lists(c: httpx.Client, study_id: int, token: str, arm: Any) -> None:
+    page = c.get(f"/studies/{study_id}", cookies={COOKIE_NAME: token})
+    assert page.status_code == 200, page.text[:500]
+    html = page.text
+    assert 'id="tuning"' in html and html.count("<tr") >= 2
+    for t in arm["trials"]:
+        assert f"lr = {t['params']['lr']}" in html
+    assert f"selected trial {arm['selected_trial']}" in html
+
+
+def _controller(log: Path) -> subprocess.Popen[bytes]:
+    """`gtr controller` on the session's PostgreSQL, every part of a run in its process (no
+    Redis, env or policy service): it claims the study's runs and polls its scheduler."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GTR_REDIS_URL", "GTR_ENV_SERVICE_URL", "GTR_POLICY_SERVICE_URL")
+    }
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "controller", "--poll", "0.5"]
+            + ["--stale-after", "6"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _stack_body() -> dict[str, Any]:
+    """The lr study as JSON: one arm, evaluation seed 1, 1 grid update, 2 per trial run."""
+    base = tiny_run(Path("unused"), envs=2, steps=4, updates=1)
+    base["init"] = {"kind": "none"}
+    base["env"] = {**base.get("env", {}), "max_episode_steps": 3}
+    base["generation"] = {**base.get("generation", {}), "max_new_tokens": 24}
+    base["metrics"] = {**base.get("metrics", {}), "eval_every": 1, "probe_states": 2}
+    return {
+        "name": "tuned through the controllers",
+        "tasks": {"numberline": {"base": base}},
+        "arms": {"gtr": {"algorithm": "gtr"}},
+        "seeds": [1],
+        "eval_episodes": 4,
+        "tuning": {
+            "trials": 2,
+            "seeds": [100],
+            "updates": 2,
+            "sampler": "grid",
+            "pruner": "median",
+            "metric": {"metric": "lr", "reduce": "mean", "higher_is_better": False},
+            "arms": {"gtr": {"lr": {"choices": [0.001, 0.01]}}},
+        },
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_study_posted_through_rest_tunes_through_a_controller_killed_mid_trial(
+    api: httpx.Client, default_model_dir: Path, tmp_path: Path
+) -> None:
+    cancel_active_runs()  # a controller claims any queued run: only this test's may be there
+    log = tmp_path / "controller.log"
+    ctl = _controller(log)
+    try:
+        r = api.post("/api/studies", json=_stack_body())
+        assert r.status_code == 201, r.text
+        study_id = r.json()["id"]
+
+        def trial_runs() -> list[Run]:
+            with session_scope() as s:
+                return [r for r in s.scalars(select(Run)) if _of(r, study_id)]
+
+        def waited(what: str, check: Any, timeout_s: float) -> Any:
+            deadline = time.monotonic() + timeout_s
+            while not (out := check()):
+                tail = log.read_text(errors="replace")[-3000:]
+                assert time.monotonic() < deadline, f"{what} after {timeout_s}s\n{tail}"
+                time.sleep(0.3)
+            return out
+
+        # Killed inside trial 0's run (after its first update when the poll sees it), then
+        # started again: the run resumes once its heartbeat is stale and the trial goes on.
+        waited(
+            "trial 0's run did not get going",
+            lambda: (
+                any(r.status == "running" and r.updates_done >= 1 for r in trial_runs())
+                or any(r.status == "completed" for r in trial_runs())
+            ),
+            300,
+        )
+        _stop(ctl)
+        assert api.get(f"/api/studies/{study_id}").json()["tuning"][0]["selected"] is None
+        ctl = _controller(log)
+
+        def finished() -> dict[str, Any] | None:
+            got = api.get(f"/api/studies/{study_id}")
+            assert got.status_code == 200, got.text
+            body = got.json()
+            return body if body["status"] in ("done", "failed", "cancelled") else None
+
+        report = waited("the study did not finish", finished, 420)
+        assert report["status"] == "done", report["progress"]
+        (arm,) = report["tuning"]
+        with session_scope() as s:
+            (grid,) = s.scalars(select(Run).where(Run.study_id == study_id)).all()
+            _check_stage(arm, trial_runs(), grid, TEAM, 1)
+            # Optuna's tables live in their own schema of the platform's database.
+            where = s.execute(
+                text("SELECT table_schema FROM information_schema.tables WHERE table_name = :t"),
+                {"t": "trials"},
+            ).scalars()
+            assert set(where) == {"optuna"}
+        token = str(api.headers["Authorization"]).removeprefix("Bearer ")
+        _page_lists(api, study_id, token, arm)
+    finally:
+        _stop(ctl)
+        cancel_active_runs()
+
+
+def _of(run: Run, study_id: int) -> bool:
+    return run.study_id is None and (run.info or {}).get("tuning", {}).get("study_id") == study_id
