@@ -32,7 +32,6 @@ from services.controller.collector import RolloutCollector, last_values
 from services.controller.correction_book import CorrectionBook
 from services.controller.episodes import Episodes
 from services.controller.evaluate import (
-    START_UPDATE,
     DealOutcome,
     evaluate_deals,
     protocol_record,
@@ -41,6 +40,7 @@ from services.controller.evaluate import (
 from services.controller.monitor import CollapseMonitor
 from services.controller.outages import Cancelled, Outages, check_cancel, is_interruption
 from services.controller.recorder import discard_after
+from services.controller.start_eval import StartEval, evaluate_start, start_figures
 from services.controller.tracking import Trackers, final_summary, run_info_metrics
 from shared.db.session import session_scope
 from shared.phase import RunCancelled, cancel_requested, set_phase
@@ -94,7 +94,7 @@ class RunDriver:
         self.update_started: float | None = None  # wall time of an update, for update_s
         self.update_cpu: float | None = None  # this process's CPU time then, for update_cpu_s
         self.train_s: float | None = None
-        self.start_deals: list[DealOutcome] = []  # the start's evaluation, before update 0
+        self.start: StartEval | None = None  # the start's evaluation, before update 0
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -127,10 +127,11 @@ class RunDriver:
         if start == 0 and unfinished is None and probe:
             self.monitor.probe_start(probe)
         if start == 0 and unfinished is None and self.cfg.metrics.eval_episodes:
-            # The start is a data point: the same deals and protocol, before any update.
+            # The start is a data point: the same deals and protocol, before any update; played
+            # once per start (another arm's outcomes of the same start are taken: start_eval.py).
             set_phase(self.run_id, "evaluating")
-            self.start_deals = evaluate_deals(
-                self.envs, self.policy, self.cfg, self.cfg.metrics.eval_episodes
+            self.start = evaluate_start(
+                self.run_id, self.envs, self.policy, self.cfg, self.cfg.metrics.eval_episodes
             )
         if unfinished is not None:  # trained, its checkpoint loaded, but never probed/recorded
             self._finish_update(unfinished, probe)
@@ -234,9 +235,8 @@ class RunDriver:
             if deals:
                 store.record_eval_outcomes(s, self.run_id, u, deals)
                 run.info = {**(run.info or {}), "eval_protocol": protocol_record(self.cfg)}
-            if u == 0 and self.start_deals:
-                store.record_eval_outcomes(s, self.run_id, START_UPDATE, self.start_deals)
-                extra |= summarize(self.start_deals, "eval_start/")
+            if u == 0 and self.start is not None and self.start.outcomes:
+                extra |= start_figures(self.start)
             extra.update(self.book.figures(s, u))
             merged = {**row.metrics, **extra, **run_info_metrics(run.info, u, self.timings())}
             reason = self.monitor.alarm(s, u, merged)
