@@ -238,6 +238,10 @@ def advance(
     if study.status == "cancelled":
         return []
     cfg = config_of(study)
+    if cfg.tuning is not None:
+        # Row lock (PostgreSQL; advance_all holds it already): a request advancing the study
+        # beside a controller never asks Optuna twice or queues a trial's runs twice.
+        session.scalar(select(Study.id).where(Study.id == study.id).with_for_update())
     stage = tuning.advance(session, study, cfg, say)
     if stage.selected is None:  # the tuning stage first: the grid waits for every choice
         _set_tuning_status(session, study)

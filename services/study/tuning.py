@@ -470,7 +470,7 @@ def tuning_report(spec: StudyConfig | None, study_id: int) -> list[ArmTuning]:
                         number=tr.number,
                         params=dict(tr.params),
                         state=tr.state.name.lower(),
-                        score=tr.value,
+                        score=tr.value if tr.state.name == "COMPLETE" else None,
                         stopped_at=tr.user_attrs.get("stopped_at"),
                         last_update=tr.last_step,
                         runs=list(tr.user_attrs.get("runs") or []),

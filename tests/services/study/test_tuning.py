@@ -28,6 +28,8 @@ from sqlalchemy import select, text
 
 from services.api.app import create_app
 from services.api.auth import COOKIE_NAME, create_token
+from services.study import service, tuning
+from services.study.schemas import StudyConfig
 from shared.db.models import Run, Study
 from shared.db.session import session_scope
 from tests.conftest import live_server
@@ -364,3 +366,74 @@ def test_a_study_posted_through_rest_tunes_through_a_controller_killed_mid_trial
 
 def _of(run: Run, study_id: int) -> bool:
     return run.study_id is None and (run.info or {}).get("tuning", {}).get("study_id") == study_id
+
+
+def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
+    """The state machine alone, fast: the runs' rows written as a driver writes them. A poll
+    that rolls back is repaired by the next; a cancelled study stops a trial's runs and resume
+    queues them again; a trial behind at its first report is stopped through the cancel flag and
+    told pruned once its run ended; then the grid is queued with the choice."""
+    from shared.db.models import Update
+    from shared.db.session import session_factory
+
+    team = "tuning-state"
+    with session_scope() as s:
+        cfg = StudyConfig.model_validate({**_stack_body(), "name": "polled"})
+        study_id = service.create_study(s, cfg, team).id
+
+    def poll() -> list[Run]:
+        with session_scope() as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            return service.advance(s, study)
+
+    def trial(n: int) -> Run:
+        with session_scope() as s:
+            (run,) = [r for r in tuning.trial_runs(s, study_id) if r.info["tuning"]["trial"] == n]
+            s.expunge(run)
+            return run
+
+    def record(run_id: int, status: str, lrs: list[float]) -> None:
+        with session_scope() as s:
+            run = s.get(Run, run_id)
+            assert run is not None
+            for i, lr in enumerate(lrs):
+                s.add(Update(run_id=run_id, idx=run.updates_done + i, metrics={"lr": lr}))
+            run.status, run.updates_done = status, run.updates_done + len(lrs)
+
+    lost = session_factory()()
+    study = lost.get(Study, study_id)
+    assert study is not None
+    assert len(service.advance(lost, study)) == 1  # trial 0 asked, its run queued...
+    lost.rollback()  # ...and that poll's transaction lost
+    lost.close()
+    (queued,) = poll()  # repaired: trial 0's run, once
+    assert queued.info["tuning"]["trial"] == 0 and poll() == []
+    assert queued.team == team and queued.config["train"]["lr"] == 0.001
+    with session_scope() as s:
+        study = s.get(Study, study_id)
+        assert study is not None and study.status == "queued"
+        service.cancel_study(s, study)
+    assert trial(0).status == "cancelled"
+    with session_scope() as s:
+        study = s.get(Study, study_id)
+        assert study is not None
+        service.resume_study(s, study)
+    assert poll() == [] and trial(0).status == "queued"  # queued again, not a new trial
+    record(trial(0).id, "completed", [0.001, 0.0005])
+    (second,) = poll()  # trial 0 told complete, trial 1 asked
+    assert second.info["tuning"]["trial"] == 1 and second.config["train"]["lr"] == 0.01
+    record(second.id, "running", [0.01])
+    assert poll() == [] and trial(1).cancel_requested  # behind at its first report: stopped
+    with session_scope() as s:
+        study = s.get(Study, study_id)
+        assert study is not None and study.status == "running"
+    record(second.id, "cancelled", [])
+    (grid,) = poll()  # told pruned; the choice made; the grid queued with it
+    assert grid.study_id == study_id and grid.config["train"]["lr"] == 0.001
+    (arm,) = tuning.tuning_report(cfg, study_id)
+    assert [(t.state, t.score, t.stopped_at) for t in arm.trials] == [
+        ("complete", 0.00075, None),
+        ("pruned", None, 0),
+    ]
+    assert arm.selected == {"lr": 0.001} and arm.selected_trial == 0
