@@ -542,7 +542,7 @@ class OpenAICorrector(_Remote):
         except openai.APITimeoutError as e:
             raise Retryable("timeout", overload=True) from e
         except openai.APIConnectionError as e:
-            raise Retryable(f"connection failed ({e.__cause__ or e})", overload=True) from e
+            raise Retryable(f"connection failed ({e.__cause__ or e})", overload=_shed(e)) from e
         except openai.APIStatusError as e:
             body = e.body.get("message", e.message) if isinstance(e.body, dict) else e.message
             reason = f"HTTP {e.status_code}: {str(body)[:300]}"
@@ -602,7 +602,7 @@ class HttpCorrector(_Remote):
         except httpx.TimeoutException as e:
             raise Retryable("timeout", overload=True) from e
         except httpx.TransportError as e:
-            raise Retryable(f"connection failed ({e})", overload=True) from e
+            raise Retryable(f"connection failed ({e})", overload=_shed(e)) from e
         code = response.status_code
         if code == 429 or code >= 500:
             shed = code in OVERLOAD_STATUS
@@ -632,6 +632,23 @@ def _protocol_error(response: httpx.Response) -> CorrectorError:
 
 # Statuses that mean the server sheds load (back off), unlike a 500 that means it is broken.
 OVERLOAD_STATUS = (429, 503, 504)
+
+
+def _shed(error: BaseException) -> bool:
+    """Whether a failed connection says the server sheds load (refused, reset, timed out). A
+    kept-alive connection the server closed as the request went out ("Server disconnected
+    without sending a response": a race with its keep-alive timeout, one in a few thousand
+    requests) says nothing about load: it is retried without halving the limit."""
+    seen: BaseException | None = error
+    for _ in range(8):  # the error, and what it was raised from
+        if seen is None:
+            break
+        if type(seen).__name__ == "RemoteProtocolError":  # httpx's, or the SDK's httpx2's
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return True
+
+
 # A 5xx whose message says the request's shape was refused (what some servers answer for a
 # parameter they do not know) is a refusal, not an outage.
 _REFUSAL = re.compile(r"validation error|response_format|json_schema|tool_choice", re.IGNORECASE)

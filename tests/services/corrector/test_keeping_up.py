@@ -6,7 +6,9 @@ the embedded pool has a thread per request the endpoint may have in flight."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -16,15 +18,18 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from services.controller.backends import ThreadCorrections
-from services.corrector.remote import RemoteParams
+from services.corrector.base import CorrectorError
+from services.corrector.remote import HttpCorrector, RemoteParams
 from services.corrector.resilience import AdaptiveLimit, RateLimit
 from shared.db.models import Correction
 from shared.db.session import session_scope
+from shared.schemas import CorrectionRequest
 from shared.settings import Settings
-from tests.conftest import ROOT, live_server
+from tests.conftest import ROOT, free_port, live_server
 
 
 def _answer(limit: AdaptiveLimit, n: int, latency_s: float) -> None:
@@ -142,6 +147,41 @@ def test_defaults_suit_a_hosted_api_and_the_pool_has_a_thread_per_slot(pg_url: s
         assert pool.pool._max_workers == 300  # eight threads would cap 300 in flight at 8
     finally:
         pool.close()
+
+
+def test_a_dropped_kept_alive_connection_is_retried_without_halving_the_limit() -> None:
+    """A server that closes the connection without answering (what a kept-alive connection
+    meets when the server's keep-alive timeout fires as the request goes out) is retried and
+    leaves the limit alone; a refused connection is a push-back and halves it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drop() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)  # the request arrives; no response is ever written
+
+    threading.Thread(target=drop, daemon=True).start()
+    params = {"max_retries": 1, "backoff_base_s": 0.01, "concurrency_start": 8}
+    agent = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
+    req = CorrectionRequest(
+        task="numberline", prompt="p", output=json.dumps(agent), state={"current": 2, "target": 4}
+    )
+    try:
+        dropped = HttpCorrector(f"http://127.0.0.1:{listener.getsockname()[1]}", params=params)
+        with pytest.raises(CorrectorError, match="Server disconnected") as err:
+            dropped.correct(req)
+        assert err.value.kind == "transport"
+        assert dropped.limit.cuts == 0 and dropped.limit.limit == 8
+    finally:
+        listener.close()
+    refused = HttpCorrector(f"http://127.0.0.1:{free_port()}", params=params)
+    with pytest.raises(CorrectorError, match="connection failed"):
+        refused.correct(req)
+    assert refused.limit.cuts == 1 and refused.limit.limit == 4
 
 
 @contextmanager
