@@ -57,8 +57,8 @@ seeds = [100]
 updates = {updates}
 sampler = "grid"
 pruner = "{pruner}"
-startup_trials = 2
-warmup = 1
+startup_trials = {startup}
+warmup = {warmup}
 metric = {{ metric = "eval/success_rate", reduce = "mean" }}
 [tuning.arms.gtr]
 lr = {{ choices = [{lrs}] }}
@@ -78,6 +78,8 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
             updates=args.updates,
             pruner=pruner,
             lrs=", ".join(repr(x) for x in lrs),
+            startup=args.startup_trials,
+            warmup=args.warmup,
         )
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GTR_DATABASE_URL", "GTR_REDIS_URL")}
@@ -115,6 +117,10 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=6)
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--lrs", default="0.0001,0.0003,0.001,0.003,0.01,0.03")
+    ap.add_argument(
+        "--startup-trials", type=int, default=1, help="median: trials completed before a prune"
+    )
+    ap.add_argument("--warmup", type=int, default=0, help="median: updates before a prune")
     ap.add_argument("--model-dir", default=None, help="GTR_MODEL_DIR (default: the settings')")
     args = ap.parse_args()
     full = one("none", args)

@@ -1,7 +1,8 @@
 """`gtr study run`: a whole study on this machine, N training processes at a time.
 
-The parent process schedules (services/study/service.py: which cell next, the one retry, warm
-starts shared by a task's arms) and each run trains in a child process of its own
+The parent process schedules (services/study/service.py: the tuning stage first, then which cell
+next, the one retry, warm starts shared by a task's arms; the controllers run the same
+scheduler) and each run, a tuning trial's too, trains in a child process of its own
 (``python -m services.study.runner RUN_ID``), as `gtr train` would train it, logging to
 ``<data_dir>/studies/<id>/run-<run id>.log``. Stopping it (Ctrl-C, or a kill) loses nothing: the
 next `gtr study run` of the same file resumes the study, every unfinished run after its last

@@ -149,7 +149,6 @@ def _optuna_study(
     import optuna
 
     store = _storage(db_url) if db_url else storage()
-
     t = cfg.tuning
     assert t is not None
     name = f"gtr-study-{study_id}/{arm}"
