@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shared.evalrules import eval_rules
 from shared.schemas import EvalProtocol, RunConfig
 from shared.seeds import eval_seed
 
@@ -37,11 +38,8 @@ class DealOutcome:
 
 def protocol(cfg: RunConfig) -> EvalProtocol:
     """The run's evaluation protocol: its declared ``metrics.eval_protocol``, else its own env
-    and token cap. Frames for people are never drawn, so ``display_size`` is no part of it."""
-    declared = cfg.metrics.eval_protocol
-    env = declared.env if declared is not None else cfg.env
-    tokens = declared.max_new_tokens if declared is not None else cfg.generation.max_new_tokens
-    return EvalProtocol(env=env.model_copy(update={"display_size": 0}), max_new_tokens=tokens)
+    and token cap (``shared.evalrules``: the warm start tool evaluates under it too)."""
+    return eval_rules(cfg)
 
 
 def protocol_record(cfg: RunConfig) -> dict[str, Any]:

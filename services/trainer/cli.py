@@ -60,8 +60,12 @@ def sft(config: Path, out: Path, eval_episodes: int, dataset: Path | None) -> No
         i = cfg.init
         summary |= sft_warmup(policy, samples, i.sft_steps, i.batch_size, i.lr, cfg.seed)
         summary["dataset/samples"] = float(len(samples))
-        if eval_episodes:
-            summary |= greedy_eval(policy, cfg.task, cfg.env, eval_episodes, cfg.seed)
+        if eval_episodes:  # under the run's evaluation protocol, as its runs evaluate
+            from shared.evalrules import eval_rules
+
+            rules = eval_rules(cfg)
+            tokens = rules.max_new_tokens
+            summary |= greedy_eval(policy, cfg.task, rules.env, eval_episodes, cfg.seed, tokens)
         policy.save(out)
         (out / "warm_start.json").write_text(json.dumps(summary, indent=2))
         click.echo(json.dumps(summary))

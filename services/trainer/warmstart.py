@@ -24,7 +24,7 @@ from torch import nn
 from services.trainer import algos
 from services.trainer.service import unique_trainable
 from shared.phase import warm_progress
-from shared.schemas import EnvConfig, InitConfig, ModelConfig, RunConfig
+from shared.schemas import EnvConfig, EvalProtocol, InitConfig, ModelConfig, RunConfig
 
 if TYPE_CHECKING:
     from services.policy.service import Policy
@@ -252,14 +252,19 @@ def warm_start(
     init: InitConfig,
     seed: int,
     eval_episodes: int = 0,
+    rules: EvalProtocol | None = None,
 ) -> dict[str, float]:
-    """Vision warm-up, then SFT on oracle outputs; returns the stage metrics."""
+    """Vision warm-up, then SFT on oracle outputs; returns the stage metrics. ``eval_episodes``
+    greedy episodes after it, under ``rules`` (the run's evaluation protocol, else env_cfg)."""
     samples = oracle_samples(task, env_cfg, init.sft_samples, seed)
     _warm_plan.set((init.vision_steps, init.sft_steps))
     summary = vision_warmup(policy, samples, task, init.vision_steps, seed)
     summary |= sft_warmup(policy, samples, init.sft_steps, init.batch_size, init.lr, seed)
     if eval_episodes:
-        summary |= greedy_eval(policy, task, env_cfg, eval_episodes, seed)
+        rules = rules or EvalProtocol(env=env_cfg, max_new_tokens=64)
+        summary |= greedy_eval(
+            policy, task, rules.env, eval_episodes, seed, max_new_tokens=rules.max_new_tokens
+        )
     log.info("warm start %s: %s", task, summary)
     return summary
 
@@ -319,18 +324,21 @@ def init_policy(
     base = given or base_model_path(model, cfg.task)
     if init.kind != "warm_start":
         return Policy.from_config(model, base, seed=cfg.seed), {}
+    from shared.evalrules import eval_rules
     from shared.warmenv import warm_env
 
+    # It plays in the warm env; its evaluation follows the run's rules, as the run's own do.
+    env, rules = warm_env(cfg.env), eval_rules(cfg)
     if lora_warm_start(cfg):
         # The run's own LoRA with the vision tower and projector; the base stays as it is.
         policy = Policy.from_config(model, base, seed=cfg.seed)
-        summary = warm_start(policy, cfg.task, warm_env(cfg.env), init, cfg.seed, eval_episodes)
+        summary = warm_start(policy, cfg.task, env, init, cfg.seed, eval_episodes, rules)
         for p in policy.vision_parameters():  # RL trains what the checkpoints reload: LoRA
             p.requires_grad_(False)
         return policy, summary
     full = model.model_copy(update={"finetune": "full"})
     policy = Policy.from_config(full, base, seed=cfg.seed)
-    summary = warm_start(policy, cfg.task, warm_env(cfg.env), init, cfg.seed, eval_episodes)
+    summary = warm_start(policy, cfg.task, env, init, cfg.seed, eval_episodes, rules)
     if model.finetune == "full":
         return policy, summary
     save_hf_model(policy, base_dir)
