@@ -1,14 +1,13 @@
 """What early stopping saves in a study's tuning stage (services/study/tuning.py, issue 55).
 
 One invocation runs the same small study twice with `gtr study run --jobs 1`, each in a fresh
-embedded store (its own data folder, SQLite): GTR's learning rate over a grid of choices on
-NumberLine (tiny model, a few updates, an evaluation after every update), once with the median
-pruner and once with none, then the study's grid (one run of one update, the same in both).
-It prints, for each, the updates the trial runs trained, the CPU seconds of the invocation's
-processes (the grid's one run included) and its wall time, the setting each selects and that
-setting's score in the unpruned search; then the cost ratio (pruned / unpruned, by updates the
-trials trained and by CPU) and whether the pruned search picked the same setting or one that
-scored as well without pruning.
+embedded store (its own data folder, SQLite), stopped once its tuning stage has chosen: GTR's
+learning rate over a grid of choices on NumberLine (tiny model, a few updates, an evaluation
+after every update), once with the median pruner and once with none. It prints, for each, the
+updates the trial runs trained, the CPU seconds of the invocation's processes and its wall time,
+the setting each selects and that setting's score in the unpruned search; then the cost ratio
+(pruned / unpruned, by updates the trials trained and by CPU) and whether the pruned search
+picked the same setting or one that scored as well without pruning.
 
     .venv/bin/python bench/tuning_pruning_bench.py --updates 6
 """
@@ -19,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -90,7 +90,11 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
     start = time.monotonic()
     cli = [sys.executable, "-m", "services.cli", "study"]
     run = [*cli, "run", str(study), "--jobs", "1"]
-    subprocess.run(run, cwd=ROOT, env=env, check=True, stdout=sys.stderr)
+    proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=sys.stderr)
+    while proc.poll() is None and not _selected(data / "tuning.sqlite3"):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # the stage is over: stop before the grid's warm start
+    proc.wait()
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = subprocess.run(
@@ -110,6 +114,18 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
         "selected": arm["selected"],
         "scores": {str(t["params"]["lr"]): t["score"] for t in arm["trials"]},
     }
+
+
+def _selected(path: Path) -> bool:
+    """Whether the stage made its choice (Optuna's study attribute `selected`)."""
+    if not path.exists():
+        return False
+    try:
+        with sqlite3.connect(path, timeout=5) as db:
+            q = "SELECT COUNT(*) FROM study_user_attributes WHERE key = 'selected'"
+            return bool(db.execute(q).fetchone()[0])
+    except sqlite3.OperationalError:  # its tables not created yet
+        return False
 
 
 def main() -> None:
