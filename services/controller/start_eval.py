@@ -7,15 +7,22 @@ settings and the protocol (env rules, token cap, deals): ``start_key`` hashes ex
 with the start weights' sha256 the trainer records (``runs.info.init_weights_sha256``). A run
 whose key matches a run of its team and task that has recorded its start's outcomes copies
 them and records where they came from (``runs.info.start_eval``: ``key``, ``reused_from``);
-otherwise it plays them. Without a recorded digest nothing is reused. Two arms that reach
-their start at the same moment both play it (the same outcomes, a little time lost).
+otherwise it plays them. Without a recorded digest nothing is reused.
+
+Arms of a seed often reach their start together (a study queues them once their shared warm
+start is built). Each first claims the key (``start_eval.claimed_at``); of the live claimants
+still playing it (running, heartbeat under STALE_S old), the earliest claim (then the lowest
+id) plays and the others wait for its outcomes, polling, while they can still be cancelled. A
+claimant that stops beating, ends, or keeps them waiting past MAX_WAIT_S is not waited for.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -29,13 +36,19 @@ from services.controller.evaluate import (
     protocol_record,
     summarize,
 )
-from shared.db.models import EvalOutcome, Run
+from services.controller.outages import check_cancel
+from shared.db.models import EvalOutcome, Run, utcnow
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
 
 if TYPE_CHECKING:
     from services.controller.backends import Envs
     from services.policy.protocol import RolloutPolicy
+
+
+STALE_S = 30.0  # a claimant whose heartbeat (services/controller/loop.py: every 5 s) is older
+MAX_WAIT_S = 3600.0  # the longest a run waits for another's start outcomes
+POLL_S = 1.0
 
 
 @dataclass
@@ -65,10 +78,12 @@ def evaluate_start(
     stored at once (update -1, ``runs.info.start_eval``), so a sibling starting later finds
     them. Update 0's row gets their figures (``start_figures``)."""
     with session_scope() as s:
-        run = s.get(Run, run_id)
-        sha = (run.info or {}).get("init_weights_sha256") if run is not None else None
-        key = start_key(cfg, sha)
-        found = recorded_start(s, run, key, episodes) if run is not None and key else None
+        run = store.run_row(s, run_id)
+        key = start_key(cfg, (run.info or {}).get("init_weights_sha256"))
+        if key is not None:  # claimed before looking: of two at once, one sees the other
+            claim = {"key": key, "reused_from": None, "claimed_at": time.time()}
+            run.info = {**(run.info or {}), "start_eval": claim}
+    found = _wait_for_start(run_id, key, episodes) if key is not None else None
     if found is not None:
         start = StartEval(found[1], key, found[0])
     else:
@@ -79,9 +94,39 @@ def evaluate_start(
         if key is not None:
             run.info = {
                 **(run.info or {}),
-                "start_eval": {"key": key, "reused_from": start.reused_from},
+                "start_eval": {"key": key, "reused_from": start.reused_from, "done": True},
             }
     return start
+
+
+def _wait_for_start(run_id: int, key: str, episodes: int) -> tuple[int, list[DealOutcome]] | None:
+    """Another run's outcomes of this start: recorded already, or once the live claimant ahead
+    of this run has played them; None when this run is to play them."""
+    waited = 0.0
+    while True:
+        with session_scope() as s:
+            run = store.run_row(s, run_id)
+            found = recorded_start(s, run, key, episodes)
+            if found is not None or waited >= MAX_WAIT_S or not _claimant_ahead(s, run, key):
+                return found
+        check_cancel(run_id)
+        time.sleep(POLL_S)
+        waited += POLL_S
+
+
+def _claimant_ahead(session: Session, run: Run, key: str) -> bool:
+    """Whether a live run of the team and task claimed this key before this run (the earlier
+    claim, then the lower id) and is still playing it."""
+    fresh = utcnow() - timedelta(seconds=STALE_S)
+    others = session.scalars(
+        select(Run)
+        .where(Run.team == run.team, Run.task == run.task, Run.id != run.id)
+        .where(Run.status == "running", Run.heartbeat_at >= fresh)
+        .where(Run.info[("start_eval", "key")].as_string() == key)
+    ).all()
+    mine = (float((run.info or {}).get("start_eval", {}).get("claimed_at", 0.0)), run.id)
+    playing = [o for o in others if not o.info["start_eval"].get("done")]
+    return any((float(o.info["start_eval"].get("claimed_at", 0.0)), o.id) < mine for o in playing)
 
 
 def recorded_start(
