@@ -155,7 +155,9 @@ def _lr_study(name: str) -> str:
         'metric = { metric = "eval/success_rate", reduce = "mean" }',
         'metric = { metric = "lr", reduce = "mean", higher_is_better = false }',
     ).replace("sft_coef = { choices = [0.5, 2.0] }", "lr = { choices = [0.001, 0.01] }")
-    assert text.count("lr = { choices") == 1 and 'kind = "none"' in text, text
+    # 3 updates a trial run: a stop decided at update 0 has a whole update to reach the driver.
+    text = text.replace("seeds = [100]\nupdates = 2\n", "seeds = [100]\nupdates = 3\n")
+    assert text.count("lr = { choices") == 1 and "updates = 3" in text, text
     return text
 
 
@@ -199,7 +201,8 @@ def _check_stage(arm: dict[str, Any], runs: list[Run], grid: Run, team: str, see
     assert all(r.config["seed"] == 100 and r.team == team for r in runs)  # never seed `seed`
     assert [by_id[i].status for i in first["runs"]] == ["completed"]
     (stopped,) = [by_id[i] for i in second["runs"]]
-    assert stopped.status == "cancelled" and stopped.updates_done < 2  # before its budget
+    assert stopped.config["train"]["num_updates"] == 3
+    assert stopped.status == "cancelled" and stopped.updates_done < 3  # before its budget
     assert stopped.config["train"]["lr"] == 0.01
     assert grid.status == "completed" and grid.config["seed"] == seed
     assert grid.config["train"]["lr"] == 0.001  # the grid runs with the choice
@@ -276,7 +279,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _stack_body() -> dict[str, Any]:
-    """The lr study as JSON: one arm, evaluation seed 1, 1 grid update, 2 per trial run."""
+    """The lr study as JSON: one arm, evaluation seed 1, 1 grid update, 3 per trial run."""
     base = tiny_run(Path("unused"), envs=2, steps=4, updates=1)
     base["init"] = {"kind": "none"}
     base["env"] = {**base.get("env", {}), "max_episode_steps": 3}
@@ -291,7 +294,7 @@ def _stack_body() -> dict[str, Any]:
         "tuning": {
             "trials": 2,
             "seeds": [100],
-            "updates": 2,
+            "updates": 3,
             "sampler": "grid",
             "pruner": "median",
             "metric": {"metric": "lr", "reduce": "mean", "higher_is_better": False},
