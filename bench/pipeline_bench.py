@@ -123,12 +123,13 @@ def stages(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-# setting -> per round: (coverage, mean lag in updates) of the run's corrections
-COVERAGE: dict[str, list[tuple[float, float]]] = {}
+# setting -> per round: (coverage, mean lag in updates, done, requested, corrector calls)
+COVERAGE: dict[str, list[tuple[float, float, float, float, float]]] = {}
 
 
 def coverage(url: str, setting: str | None) -> None:
-    """The run's requested corrections done by its end, and their mean lag."""
+    """The run's requested corrections done by its end, their mean lag, and the corrector calls
+    they took (retries included)."""
     from sqlalchemy import select
 
     from services.controller.correction_stats import run_totals
@@ -143,7 +144,8 @@ def coverage(url: str, setting: str | None) -> None:
         t = run_totals(s, run.id)
     if setting and t["corrections"]:
         done = (t["corrections_coverage"], t.get("corrections_lag", 0.0))
-        COVERAGE.setdefault(setting, []).append(done)
+        counts = (t["corrections_done"], t["corrections"], t["corrector_calls"])
+        COVERAGE.setdefault(setting, []).append((*done, *counts))
 
 
 def speed(url: str, setting: str | None = None) -> float:
@@ -394,15 +396,17 @@ def report(runs: dict[str, list[float]], loads: dict[str, list[float]]) -> None:
     base = out["embedded, no corrector"]
     print(
         "| setting | rounds (env steps/s) | load avg (1 min) | median | ÷ embedded, none "
-        "| corrections done | lag (updates) |"
+        "| corrections done (done/requested, calls) | lag (updates) |"
     )
     print("|---|---|---|---:|---:|---:|---:|")
     for k, v in out.items():
         rounds = ", ".join(f"{x:.1f}" for x in runs[k])
         load = ", ".join(f"{x:.1f}" for x in loads[k])
         cov = COVERAGE.get(k)
-        done = f"{statistics.median(c for c, _ in cov):.0%}" if cov else "-"
-        lag = f"{statistics.median(x for _, x in cov):.2f}" if cov else "-"
+        done = f"{statistics.median(c[0] for c in cov):.0%}" if cov else "-"
+        if cov:
+            done += " (" + ", ".join(f"{c[2]:.0f}/{c[3]:.0f}, {c[4]:.0f}" for c in cov) + ")"
+        lag = f"{statistics.median(c[1] for c in cov):.2f}" if cov else "-"
         print(f"| {k} | {rounds} | {load} | {v:.1f} | {v / base:.2f} | {done} | {lag} |")
     emb = runs["embedded, oracle, async"]
     for k in [k for k in out if k.startswith("full stack") and "oracle" in k]:
