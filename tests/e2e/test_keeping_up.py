@@ -92,6 +92,29 @@ def _train(config: Path, tmp_path: Path, db: str) -> subprocess.Popen[str]:
     )
 
 
+def _train_here(config: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """`gtr train` through the CLI's own group, in this process, embedded (no Redis) with its
+    files beside ``config``, as ``_train``'s process: its exit code and output. The pytest
+    worker has torch and transformers loaded already, which a fresh process spends most of a
+    short run importing."""
+    from click.testing import CliRunner
+
+    from services.cli import main
+    from shared.settings import get_settings
+
+    monkeypatch.delenv("GTR_REDIS_URL", raising=False)
+    monkeypatch.setenv("GTR_DATA_DIR", str(config.parent / "gtr-data"))
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(main, ["train", str(config)])
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
 def _run(name: str) -> Run | None:
     with session_scope() as s:
         return s.scalar(select(Run).where(Run.name == name))
@@ -142,7 +165,7 @@ def test_a_2_s_corrector_corrects_the_preset_and_the_page_shows_coverage_live(
 
 
 def test_an_endpoint_answering_503_to_everything_ends_the_run_degraded(
-    pg_url: str, tmp_path: Path, warm_checkpoint: Path
+    pg_url: str, tmp_path: Path, warm_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name = f"all-503-{uuid.uuid4().hex[:8]}"
     with corrector(0.0, status=503) as url:
@@ -150,9 +173,8 @@ def test_an_endpoint_answering_503_to_everything_ends_the_run_degraded(
         cfg = cfg.replace("num_envs = 16", "num_envs = 2").replace("num_steps = 8", "num_steps = 3")
         cfg = cfg.replace("[metrics]", "[corrector.params]\nmax_retries = 1\n[metrics]")
         (tmp_path / "run.toml").write_text(cfg)
-        proc = _train(tmp_path / "run.toml", tmp_path, pg_url)
-        out = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 1, out[-4000:]
+        code, out = _train_here(tmp_path / "run.toml", monkeypatch)
+    assert code == 1, out[-4000:]
     run = _run(name)
     assert run is not None and run.status == "degraded"
     assert run.error is not None and re.match(
@@ -163,7 +185,7 @@ def test_an_endpoint_answering_503_to_everything_ends_the_run_degraded(
 
 
 def test_max_lag_0_makes_each_update_wait_for_its_own_corrections_and_watch_shows_them(
-    pg_url: str, tmp_path: Path, warm_checkpoint: Path
+    pg_url: str, tmp_path: Path, warm_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bounded staleness: with ``max_lag_updates = 0`` and a 1 s corrector under ``wait =
     "none"``, no update trains before its steps' corrections are in (lag 0 everywhere), and it
@@ -178,9 +200,8 @@ def test_max_lag_0_makes_each_update_wait_for_its_own_corrections_and_watch_show
         cfg = preset(warm_checkpoint, url, name, updates=2, max_lag_updates=0)
         cfg = cfg.replace("num_envs = 16", "num_envs = 4").replace("num_steps = 8", "num_steps = 3")
         (tmp_path / "run.toml").write_text(cfg)
-        proc = _train(tmp_path / "run.toml", tmp_path, pg_url)
-        out = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, out[-4000:]
+        code, out = _train_here(tmp_path / "run.toml", monkeypatch)
+    assert code == 0, out[-4000:]
     run = _run(name)
     assert run is not None
     with session_scope() as s:
