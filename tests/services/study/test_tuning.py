@@ -32,6 +32,7 @@ from services.study import service, tuning
 from services.study.schemas import StudyConfig
 from shared.db.models import Run, Study
 from shared.db.session import session_scope
+from shared.schemas import RunConfig
 from tests.conftest import live_server
 from tests.e2e.helpers import ROOT, cancel_active_runs, tiny_run
 from tests.services.study.tiny_study import gtr_cli
@@ -440,3 +441,44 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
         ("pruned", None, 0),
     ]
     assert arm.selected == {"lr": 0.001} and arm.selected_trial == 0
+
+
+def test_an_arm_whose_trials_all_fail_keeps_its_own_settings_and_says_so(pg_url: str) -> None:
+    """Every trial's run failed: the stage still ends (the grid is not held forever), the arm
+    trains with the study's own settings, and the report, the CLI's lines and the study page
+    say no trial completed instead of naming a selection that does not exist."""
+    team = "tuning-all-failed"
+    with session_scope() as s:
+        cfg = StudyConfig.model_validate({**_stack_body(), "name": "nothing completes"})
+        study_id = service.create_study(s, cfg, team).id
+        _, token = create_token(s, "tuning page", "read", team)
+
+    def poll() -> list[Run]:
+        with session_scope() as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            return service.advance(s, study)
+
+    def fail(run: Run) -> None:
+        with session_scope() as s:
+            row = s.get(Run, run.id)
+            assert row is not None
+            row.status = "failed"
+
+    for n in range(2):  # the budget: 2 trials, each one run, each failed
+        (queued,) = poll()
+        assert queued.info["tuning"]["trial"] == n
+        fail(queued)
+    (grid,) = poll()  # the stage ends with no choice; the grid runs the arm as declared
+    own = RunConfig.model_validate(_stack_body()["tasks"]["numberline"]["base"]).train.lr
+    assert grid.study_id == study_id and grid.config["train"]["lr"] == own
+    (arm,) = tuning.tuning_report(cfg, study_id)
+    assert [t.state for t in arm.trials] == ["fail", "fail"]
+    assert arm.selected == {} and arm.selected_trial is None
+    (line, *_) = tuning.report_lines([arm])
+    assert "no trial completed: the arm keeps its own settings" in line
+    with live_server(create_app()) as url, httpx.Client(base_url=url) as c:
+        page = c.get(f"/studies/{study_id}", cookies={COOKIE_NAME: token})
+    assert page.status_code == 200, page.text[:500]
+    assert "no trial completed: the arm keeps its own settings" in page.text
+    assert "selected trial None" not in page.text
