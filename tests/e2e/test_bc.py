@@ -1,6 +1,9 @@
 """The bc arm (configs/repro/arms.toml): DAgger supervised on the corrector's whole answer, the
 action included, learns actions where the paper's thought-only SFT-only cannot make a model with
-no language prior act (issue 55). One embedded `gtr train` on NumberLine with the exact oracle."""
+no language prior act (issue 55). One embedded `gtr train` on NumberLine with the exact oracle.
+
+An unparsable output plays a no-op here, not the reference's random action: a random walk finds
+NumberLine's target often enough to hide whether the model's own actions improved."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ def test_bc_with_the_exact_corrector_lifts_greedy_success_above_its_warm_start(
         ("minibatch_size = 8", "minibatch_size = 16"),
         ("ppo_epochs = 1", "ppo_epochs = 2"),
         ("probe_states = 4", "probe_states = 2\neval_episodes = 32\neval_every = 6"),
+        ("image_size = 64\n[model]", 'image_size = 64\ninvalid_action = "noop"\n[model]'),
     ):
         assert old in text
         text = text.replace(old, new)
@@ -39,6 +43,6 @@ def test_bc_with_the_exact_corrector_lifts_greedy_success_above_its_warm_start(
     rows = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM updates ORDER BY idx")]
     start = rows[0]["eval_start/success_rate"]  # the warm start, greedy, before update 0
     final = rows[-1]["eval/success_rate"]  # the same 32 deals after the last update
-    # Measured: 0.25 -> 0.875 (the thought-only SFT-only of the same run: docs/fidelity.md).
-    assert final >= start + 0.25, (start, final)
+    # Measured: 0.8125 -> 1.0 (and the thought-only SFT-only of the same run: docs/fidelity.md).
+    assert final >= start + 0.125 and final >= 0.9, (start, final)
     assert all(r["sft_draws"] > 0 for r in rows[1:])  # it imitated the corrections
