@@ -108,20 +108,23 @@ def _arms(block: MetricBlock) -> list[str]:
     deals = any(a.deals is not None for a in block.arms)
     start = block.start is not None
     share = any(a.sft_share is not None for a in block.arms)
+    kl = any(a.kl_share is not None for a in block.arms)
     head = ["arm", "mean [95 % CI over seeds]", "IQM", "seeds"]
     head += ["mean [95 % CI, seeds and deals]"] if deals else []
     head += ["change from start [95 % CI]"] if start else []
     head += ["SFT share of the step"] if share else []
+    head += ["KL-to-teacher share of the step"] if kl else []
     rows = [_row(head), _row(["---"] + ["---:"] * (len(head) - 1))]
     if start and block.start is not None:
         cells = ["start (before update 0)", interval(block.start), "", str(block.start.n)]
         cells += [""] if deals else []
-        rows.append(_row(cells + [""] + ([""] if share else [])))
+        rows.append(_row(cells + [""] + ([""] if share else []) + ([""] if kl else [])))
     for a in block.arms:
         cells = [text(a.arm), interval(a.mean), num(a.iqm), str(a.mean.n)]
         cells += [interval(a.deals)] if deals else []
         cells += [interval(a.change_from_start)] if start else []
         cells += [num(a.sft_share)] if share else []
+        cells += [num(a.kl_share)] if kl else []
         rows.append(_row(cells))
     return rows
 

@@ -74,6 +74,12 @@ class ArmScore(BaseModel):
         description="Mean over its runs and updates of sft/grad_share: the thought-SFT "
         "gradient's share of the applied step; None: no such term",
     )
+    kl_share: float | None = Field(
+        None,
+        description="Mean over its runs and updates of kl/grad_share: the KL-to-teacher "
+        "gradient's share of the applied step (gtr_turbo_kl with the KL as a loss); None: no "
+        "such term",
+    )
 
 
 class MetricBlock(BaseModel):
@@ -504,7 +510,8 @@ def _block(
                 deals=deals,
                 runs=run_of[arm],
                 change_from_start=_change(scores[arm], starts[arm]),
-                sft_share=_sft_share(list(run_of[arm].values()), curves),
+                sft_share=term_share(list(run_of[arm].values()), curves, SFT_SHARE),
+                kl_share=term_share(list(run_of[arm].values()), curves, KL_SHARE),
             )
         )
     comparisons = []
@@ -571,13 +578,15 @@ def _change(scores: dict[int, float], starts: dict[int, float]) -> IntervalOut |
     return IntervalOut.of(st.seed_interval([scores[s] - starts[s] for s in seeds]))
 
 
-SFT_SHARE = "sft/grad_share"  # services/trainer: the SFT term's share of the applied step
+# services/trainer: each guidance term's share of the applied step (a metric of every update)
+SFT_SHARE = "sft/grad_share"
+KL_SHARE = "kl/grad_share"
 
 
-def _sft_share(
-    run_ids: list[int], curves: dict[int, dict[str, list[tuple[int, float]]]]
+def term_share(
+    run_ids: list[int], curves: dict[int, dict[str, list[tuple[int, float]]]], key: str
 ) -> float | None:
-    values = [v for r in run_ids for _, v in curves.get(r, {}).get(SFT_SHARE, [])]
+    values = [v for r in run_ids for _, v in curves.get(r, {}).get(key, [])]
     return sum(values) / len(values) if values else None
 
 

@@ -13,6 +13,7 @@ from services.api.service import create_run
 from services.controller.backends import InProcessPolicy, InProcessTrainer
 from services.controller.service import RunDriver
 from services.env import EnvPool
+from services.study import report
 from shared.db.models import Correction, Episode, Step, Update
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
@@ -132,6 +133,14 @@ def test_grpo_and_gtr_turbo_kl(pg_url: str, warm_checkpoint: Path) -> None:
         kl = [m["turbo/kl_mean"] for m in metrics]
         assert kl[0] < 1e-5 and kl[1] > 1e-5 and kl[2] > 1e-5, kl
         assert not s.scalars(select(Correction.id).where(Correction.run_id == run_id)).all()
+        # The study report's column: the mean over the run's updates of the KL term's share
+        # (the arm has no thought-SFT term: no SFT column).
+        curves = report._curves(s, [run_id])
+    shares = [m[report.KL_SHARE] for m in metrics if report.KL_SHARE in m]
+    assert len(shares) == len(metrics) and all(0 <= v <= 1 for v in shares), shares
+    got = report.term_share([run_id], curves, report.KL_SHARE)
+    assert got == pytest.approx(sum(shares) / len(shares))
+    assert report.term_share([run_id], curves, report.SFT_SHARE) is None
 
 
 def test_gtr_turbo_sft_mode_corrects_a_rollout_step_in_one_batch(
