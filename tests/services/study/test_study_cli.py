@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,44 @@ def test_an_edited_primary_metric_is_refused_once_the_study_has_runs(
             s.execute(update(Run).where(Run.study_id == study_id).values(status="cancelled"))
 
 
+def gtr_here(*args: str, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+    """`gtr ARGS` as ``gtr_cli`` gives it (exit code, stdout, stderr), through the CLI's own group
+    in this process: the pytest worker has torch loaded already, which a process of its own spends
+    ~4 s of CPU importing (most of a bundle command's time). ``env`` as ``gtr_cli``'s; the
+    variables, the settings and the default engine are this process's own again afterwards. An
+    exception the CLI lets through is raised here (a traceback in a process of its own)."""
+    from click.testing import CliRunner
+
+    from services.cli import main
+    from shared.db.session import get_engine
+    from shared.settings import get_settings
+
+    saved = dict(os.environ)
+
+    def fresh() -> None:  # the settings and the engine of no URL follow the variables
+        with suppress(Exception):
+            get_engine().dispose()
+        get_engine.cache_clear()
+        get_settings.cache_clear()
+
+    try:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        fresh()
+        result = CliRunner().invoke(main, list(args))
+    finally:
+        fresh()
+        os.environ.clear()
+        os.environ.update(saved)
+        get_settings.cache_clear()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 @dataclass
 class Demo:
     """The demo study as `gtr study run` leaves it on a fresh embedded store."""
@@ -144,17 +183,18 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: 
         reused = [bool(r.info["warm_start"]["reused"]) for r in runs]
         assert reused == [False, True, False, True]
         outcomes = s.scalars(select(EvalOutcome)).all()
-    # 8 deals before update 0 (the start) and after each of the 3 updates of each run, dealt
-    # from the evaluation seed space.
-    assert len(outcomes) == 4 * (1 + 3) * 8
-    assert sum(o.update_idx == -1 for o in outcomes) == 4 * 8
-    assert {(o.deal, o.seed) for o in outcomes} == {(d, eval_seed(d)) for d in range(8)}
+    # 4 deals before update 0 (the start), after the first and after the last of the 3 updates
+    # (eval_every = 3) of each run, dealt from the evaluation seed space.
+    assert len(outcomes) == 4 * 3 * 4
+    assert sorted({o.update_idx for o in outcomes}) == [-1, 0, 2]
+    assert sum(o.update_idx == -1 for o in outcomes) == 4 * 4
+    assert {(o.deal, o.seed) for o in outcomes} == {(d, eval_seed(d)) for d in range(4)}
     # The report's JSON: the one protocol every arm was scored under, the start (one per seed,
     # shared by both arms) and each arm's change from it, Holm-adjusted p beside the raw one.
-    got = gtr_cli("study", "report", "1", "--json", env=env)
+    got = gtr_here("study", "report", "1", "--json", env=env)
     data = json.loads(got.stdout)
     (g,) = data["groups"]
-    assert g["protocol"]["key"] and g["protocol"]["episodes"] == 8 and not g["protocol_runs"]
+    assert g["protocol"]["key"] and g["protocol"]["episodes"] == 4 and not g["protocol_runs"]
     assert g["protocol"]["env"]["early_truncation"] == "off"  # the task's, not an arm's
     primary = g["primary"]
     assert sorted(primary["start_scores"]) == ["0", "1"] and primary["start"]["n"] == 2
@@ -163,7 +203,7 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: 
     assert c["p_holm"] is not None and c["p_holm"] >= c["p_value"] and c["confirmatory"]
     gtr = next(a for a in primary["arms"] if a["arm"] == "gtr")
     assert gtr["sft_share"] is not None and gtr["sft_share"] >= 0
-    again = gtr_cli("study", "run", str(DEMO), env=env, timeout=300)  # resumes: nothing to rerun
+    again = gtr_here("study", "run", str(DEMO), env=env)  # resumes: nothing to rerun
     assert again.returncode == 0 and "started" not in again.stdout, again.stdout
     with session_scope(url) as s:  # the ETA's divisor: the processes of the last invocation
         study = s.get(Study, 1)
@@ -188,25 +228,25 @@ def test_a_bundle_carries_the_warm_start_a_seed_still_needs(demo: Demo, tmp_path
         odd = next(r.id for r in seed1 if r.study_arm == "rl4vlm")
         start = {r.info["init_weights_sha256"] for r in seed1}
     assert len(start) == 1
-    assert gtr_cli("study", "rerun", "1", str(odd), "--why", "moves", env=env).returncode == 0
+    assert gtr_here("study", "rerun", "1", str(odd), "--why", "moves", env=env).returncode == 0
     bundle, thin = tmp_path / "study.json.gz", tmp_path / "thin.json.gz"
-    out = gtr_cli("study", "export", "1", "--out", str(bundle), env=env)
+    out = gtr_here("study", "export", "1", "--out", str(bundle), env=env)
     assert out.returncode == 0, out.stderr
     assert "carried the warm start of numberline seed 1 (" in out.stdout
     assert "seed 0" not in out.stdout  # finished: nothing of it to carry
-    out = gtr_cli("study", "export", "1", "--out", str(thin), "--no-warm-starts", env=env)
+    out = gtr_here("study", "export", "1", "--out", str(thin), "--no-warm-starts", env=env)
     assert out.returncode == 0 and "warm start" not in out.stdout, out.stdout
 
     # Another machine: a fresh store that builds its own tiny base model.
     there = tmp_path / "there"
     elsewhere = {**demo.env, "GTR_DATA_DIR": str(there), "GTR_MODEL_DIR": None}
     for _ in range(2):  # importing twice files nothing new
-        got = gtr_cli("study", "import", str(bundle), env=elsewhere)
+        got = gtr_here("study", "import", str(bundle), env=elsewhere)
         assert got.returncode == 0 and "warning" not in got.stderr, got.stderr
         assert "the warm start of numberline seed 1 is in this cache (" in got.stdout
     (entry,) = [d for d in (there / "cache" / "warmstart").iterdir() if d.name[0] != "."]
     assert CheckpointStore.weights_digest(entry / "model") in start
-    trained = gtr_cli("study", "run", str(DEMO), env=elsewhere, timeout=900)
+    trained = gtr_here("study", "run", str(DEMO), env=elsewhere)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "started from other weights" not in trained.stdout
     with session_scope(f"sqlite:///{there / 'gtr.sqlite3'}") as s:
@@ -230,7 +270,7 @@ def test_a_bundle_carries_the_warm_start_a_seed_still_needs(demo: Demo, tmp_path
             edit(data["warm_starts"][0])
         path, store = tmp_path / f"{name}.json", tmp_path / name
         path.write_text(json.dumps(data))
-        got = gtr_cli("study", "import", str(path), env={**env, "GTR_DATA_DIR": str(store)})
+        got = gtr_here("study", "import", str(path), env={**env, "GTR_DATA_DIR": str(store)})
         assert "Traceback" not in got.stderr, got.stderr
         return store, got
 
