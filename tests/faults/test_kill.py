@@ -111,12 +111,13 @@ def fresh(stack: dict) -> Iterator[dict]:
             st.start(name)
     yield stack
     with session_scope(stack["url"]) as s:
-        s.execute(
+        stuck = s.execute(  # type: ignore[attr-defined]
             update(Run)
             .where(Run.status.in_(("queued", "running")))
             .values(status="cancelled", cancel_requested=True)
-        )
-    st.restart("controller")  # a controller blocked on a lost task would hold the next run
+        ).rowcount
+    if stuck:  # a controller blocked on a lost task would hold the next run
+        st.restart("controller")
 
 
 # ---- launching, waiting, checking ----------------------------------------------------------
