@@ -37,10 +37,12 @@ eval_episodes = {episodes}
 updates = 1
 [tasks.numberline]
 config = "{base}"
+[tasks.numberline.base.env]
+invalid_action = "{invalid}"
 [tasks.numberline.base.init]
-vision_steps = 20
+vision_steps = {vision_steps}
 sft_samples = 32
-sft_steps = 10
+sft_steps = {sft_steps}
 [tasks.numberline.base.train]
 num_envs = 2
 num_steps = 4
@@ -80,6 +82,9 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
             lrs=", ".join(repr(x) for x in lrs),
             startup=args.startup_trials,
             warmup=args.warmup,
+            invalid=args.invalid_action,
+            vision_steps=args.vision_steps,
+            sft_steps=args.sft_steps,
         )
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GTR_DATABASE_URL", "GTR_REDIS_URL")}
@@ -93,6 +98,8 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
     proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=sys.stderr)
     while proc.poll() is None and not _selected(data / "tuning.sqlite3"):
         time.sleep(0.5)
+    if not _selected(data / "tuning.sqlite3"):
+        raise SystemExit(f"gtr study run ended (exit {proc.returncode}) before its stage chose")
     proc.send_signal(signal.SIGTERM)  # the stage is over: stop before the grid's warm start
     proc.wait()
     wall = time.monotonic() - start
@@ -138,6 +145,14 @@ def main() -> None:
     )
     ap.add_argument("--warmup", type=int, default=0, help="median: updates before a prune")
     ap.add_argument("--model-dir", default=None, help="GTR_MODEL_DIR (default: the settings')")
+    # A warm start that plays, and an unreadable output that does not move: a trial whose lr
+    # breaks the model then scores 0 instead of a random walk's luck (NumberLine's random play
+    # finds the target about a quarter of the time, which hides every difference between lrs).
+    ap.add_argument("--vision-steps", type=int, default=20, help="the warm start's vision steps")
+    ap.add_argument("--sft-steps", type=int, default=10, help="the warm start's SFT steps")
+    ap.add_argument(
+        "--invalid-action", choices=("random", "noop"), default="random", help="env setting"
+    )
     args = ap.parse_args()
     full = one("none", args)
     pruned = one("median", args)
