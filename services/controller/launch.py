@@ -3,6 +3,8 @@ checks a config must pass beyond its schema, and the queued row a controller cla
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -40,10 +42,10 @@ def check_corrector(session: Session, config: RunConfig, team: str) -> None:
         )
 
 
-def create_run(session: Session, config: RunConfig, team: str) -> Run:
-    """The run's row, queued (flushed, not committed: the caller's transaction)."""
-    check_corrector(session, config, team)
-    run = Run(
+def queued_run(config: RunConfig, team: str, **fields: Any) -> Run:
+    """A run row for ``config``, queued for a controller (not added to a session); ``fields``:
+    more columns (a study's cell, ``info``)."""
+    return Run(
         name=config.name,
         team=team,
         task=config.task,
@@ -52,7 +54,14 @@ def create_run(session: Session, config: RunConfig, team: str) -> Run:
         config=config.model_dump(mode="json"),
         total_env_steps=config.total_env_steps,
         num_updates=config.train.num_updates,
+        **fields,
     )
+
+
+def create_run(session: Session, config: RunConfig, team: str) -> Run:
+    """The run's row, queued (flushed, not committed: the caller's transaction)."""
+    check_corrector(session, config, team)
+    run = queued_run(config, team)
     session.add(run)
     session.flush()
     return run

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from services.controller.launch import queued_run
 from services.study import tuning
 from services.study.schemas import Cell, StudyConfig
 from shared.db.models import ApiToken, Checkpoint, Run, Study, utcnow
@@ -209,15 +210,9 @@ def _warming(session: Session, runs: list[Run]) -> set[str]:
 def launch(session: Session, study: Study, cfg: StudyConfig, cell: Cell, attempt: int) -> Run:
     """The cell's run, queued: a controller (or the embedded runner) takes it from there."""
     config = cfg.run_config(cell)
-    run = Run(
-        name=config.name,
-        team=study.team,
-        task=config.task,
-        algorithm=config.algorithm,
-        status="queued",
-        config=config.model_dump(mode="json"),
-        total_env_steps=config.total_env_steps,
-        num_updates=config.train.num_updates,
+    run = queued_run(
+        config,
+        study.team,
         study_id=study.id,
         study_task=cell.task,
         study_arm=cell.arm,

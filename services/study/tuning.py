@@ -41,6 +41,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from services.controller.launch import queued_run
 from services.study.schemas import (
     KnobSpec,
     MetricSpec,
@@ -288,17 +289,8 @@ def _queue(
             ostudy.tell(number, state=TrialState.FAIL)
             say(f"tuning {arm} trial {number}: failed ({e})")
             return []
-        run = Run(
-            name=rc.name,
-            team=study.team,
-            task=rc.task,
-            algorithm=rc.algorithm,
-            status="queued",
-            config=rc.model_dump(mode="json"),
-            total_env_steps=rc.total_env_steps,
-            num_updates=rc.train.num_updates,
-            info={"tuning": {"study_id": study.id, "arm": arm, "trial": number}},
-        )
+        tag = {"tuning": {"study_id": study.id, "arm": arm, "trial": number}}
+        run = queued_run(rc, study.team, info=tag)
         session.add(run)
         runs.append(run)
     session.flush()

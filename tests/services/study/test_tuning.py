@@ -382,6 +382,14 @@ def _of(run: Run, study_id: int) -> bool:
     return run.study_id is None and (run.info or {}).get("tuning", {}).get("study_id") == study_id
 
 
+def _poll(study_id: int) -> list[Run]:
+    """One poll of the study's scheduler, as a controller makes it; the runs it queued."""
+    with session_scope() as s:
+        study = s.get(Study, study_id)
+        assert study is not None
+        return service.advance(s, study)
+
+
 def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
     """The state machine alone, fast: the runs' rows written as a driver writes them. A poll
     that rolls back is repaired by the next; a cancelled study stops a trial's runs and resume
@@ -394,12 +402,6 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
     with session_scope() as s:
         cfg = StudyConfig.model_validate({**_stack_body(), "name": "polled"})
         study_id = service.create_study(s, cfg, team).id
-
-    def poll() -> list[Run]:
-        with session_scope() as s:
-            study = s.get(Study, study_id)
-            assert study is not None
-            return service.advance(s, study)
 
     def trial(n: int) -> Run:
         with session_scope() as s:
@@ -421,8 +423,8 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
     assert len(service.advance(lost, study)) == 1  # trial 0 asked, its run queued...
     lost.rollback()  # ...and that poll's transaction lost
     lost.close()
-    (queued,) = poll()  # repaired: trial 0's run, once
-    assert queued.info["tuning"]["trial"] == 0 and poll() == []
+    (queued,) = _poll(study_id)  # repaired: trial 0's run, once
+    assert queued.info["tuning"]["trial"] == 0 and _poll(study_id) == []
     assert queued.team == team and queued.config["train"]["lr"] == 0.001
     with session_scope() as s:
         study = s.get(Study, study_id)
@@ -433,17 +435,17 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
         study = s.get(Study, study_id)
         assert study is not None
         service.resume_study(s, study)
-    assert poll() == [] and trial(0).status == "queued"  # queued again, not a new trial
+    assert _poll(study_id) == [] and trial(0).status == "queued"  # queued again, not a new trial
     record(trial(0).id, "completed", [0.001, 0.0005])
-    (second,) = poll()  # trial 0 told complete, trial 1 asked
+    (second,) = _poll(study_id)  # trial 0 told complete, trial 1 asked
     assert second.info["tuning"]["trial"] == 1 and second.config["train"]["lr"] == 0.01
     record(second.id, "running", [0.01])
-    assert poll() == [] and trial(1).cancel_requested  # behind at its first report: stopped
+    assert _poll(study_id) == [] and trial(1).cancel_requested  # behind at its first report
     with session_scope() as s:
         study = s.get(Study, study_id)
         assert study is not None and study.status == "running"
     record(second.id, "cancelled", [])
-    (grid,) = poll()  # told pruned; the choice made; the grid queued with it
+    (grid,) = _poll(study_id)  # told pruned; the choice made; the grid queued with it
     assert grid.study_id == study_id and grid.config["train"]["lr"] == 0.001
     (arm,) = tuning.tuning_report(cfg, study_id)
     assert [(t.state, t.score, t.stopped_at) for t in arm.trials] == [
@@ -463,12 +465,6 @@ def test_an_arm_whose_trials_all_fail_keeps_its_own_settings_and_says_so(pg_url:
         study_id = service.create_study(s, cfg, team).id
         _, token = create_token(s, "tuning page", "read", team)
 
-    def poll() -> list[Run]:
-        with session_scope() as s:
-            study = s.get(Study, study_id)
-            assert study is not None
-            return service.advance(s, study)
-
     def fail(run: Run) -> None:
         with session_scope() as s:
             row = s.get(Run, run.id)
@@ -476,10 +472,10 @@ def test_an_arm_whose_trials_all_fail_keeps_its_own_settings_and_says_so(pg_url:
             row.status = "failed"
 
     for n in range(2):  # the budget: 2 trials, each one run, each failed
-        (queued,) = poll()
+        (queued,) = _poll(study_id)
         assert queued.info["tuning"]["trial"] == n
         fail(queued)
-    (grid,) = poll()  # the stage ends with no choice; the grid runs the arm as declared
+    (grid,) = _poll(study_id)  # the stage ends with no choice; the grid runs the arm as declared
     own = RunConfig.model_validate(_stack_body()["tasks"]["numberline"]["base"]).train.lr
     assert grid.study_id == study_id and grid.config["train"]["lr"] == own
     (arm,) = tuning.tuning_report(cfg, study_id)
