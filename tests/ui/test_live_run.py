@@ -123,7 +123,9 @@ def watched(browser, base_url: str, warm_checkpoint: Path, tmp_path_factory) -> 
     from shared.schemas import RunConfig
 
     # The session's warm-started policy as a base model, so that the run's own (short) warm
-    # start is a phase to watch and its policy still writes valid JSON for the corrector.
+    # start is a phase to watch and its policy still writes valid JSON for the corrector. Its
+    # 150 SFT steps last several of the page's 3 s polls even on an idle host (30 took ~3 s,
+    # and CI's page once went from "queued" straight to the start's evaluation).
     base = save_hf_model(
         policy_for_checkpoint(None, warm_checkpoint), tmp_path_factory.mktemp("live") / "base"
     )
@@ -132,7 +134,7 @@ def watched(browser, base_url: str, warm_checkpoint: Path, tmp_path_factory) -> 
         "env": {"image_size": 64},
         "model": {"path": str(base), "image_size": 64, "finetune": "full"},
         "generation": {"max_new_tokens": 40},
-        "init": {"kind": "warm_start", "vision_steps": 0, "sft_samples": 16, "sft_steps": 30,
+        "init": {"kind": "warm_start", "vision_steps": 0, "sft_samples": 16, "sft_steps": 150,
                  "batch_size": 8, "cache": False},
         "train": {"num_envs": 4, "num_steps": 4, "num_updates": 2, "minibatch_size": 8,
                   "ppo_epochs": 1},
@@ -296,7 +298,7 @@ def test_watch_prints_phases_and_the_charts_numbering(watched: Watched) -> None:
     """Item 3: `gtr run watch` says the warm start's progress, the phases, and numbers each
     finished update as the charts, the step search and the step pages do (from 0)."""
     before, after = watched.watch_before, watched.watch_after
-    assert re.search(r"\[running\] warm start \d+ of 30", before), before
+    assert re.search(r"\[running\] warm start \d+ of 150", before), before
     assert "ETA" in before and "(warm start)" in before
     assert "[running] rollout" in before and "training" in before
     assert "update 0 done (1 of 2)" in before and before.rstrip().endswith("cancelled")
