@@ -44,8 +44,8 @@ vision_steps = {vision_steps}
 sft_samples = 32
 sft_steps = {sft_steps}
 [tasks.numberline.base.train]
-num_envs = 2
-num_steps = 4
+num_envs = {envs}
+num_steps = {steps}
 minibatch_size = 8
 ppo_epochs = 1
 [tasks.numberline.base.metrics]
@@ -85,6 +85,8 @@ def one(pruner: str, args: argparse.Namespace) -> dict[str, object]:
             invalid=args.invalid_action,
             vision_steps=args.vision_steps,
             sft_steps=args.sft_steps,
+            envs=args.envs,
+            steps=args.steps,
         )
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GTR_DATABASE_URL", "GTR_REDIS_URL")}
@@ -138,6 +140,10 @@ def _selected(path: Path) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--updates", type=int, default=6)
+    # An update's size: the stage saves updates, so their cost against a trial run's fixed cost
+    # (a process, the model, the start's evaluation copied) decides what pruning can save.
+    ap.add_argument("--envs", type=int, default=2, help="train.num_envs of each run")
+    ap.add_argument("--steps", type=int, default=4, help="train.num_steps of each run")
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--lrs", default="0.0001,0.0003,0.001,0.003,0.01,0.03")
     ap.add_argument(

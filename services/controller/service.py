@@ -145,6 +145,10 @@ class RunDriver:
             path = self.trainer.update(self.run_id, u)
             self.train_s = time.monotonic() - trained
             self.policy.load_weights(str(path))
+            # A cancel (a person's, or a tuning stage's stop of a hopeless trial) that came
+            # during the rollout or training: the evaluation is left to a resume, which finds
+            # the update trained but unfinished (``_start``) and finishes it.
+            check_cancel(self.run_id)
             self._finish_update(u, probe)
             self.outages.interruptions = 0
         self.book.finish()
