@@ -74,7 +74,9 @@ def test_a_one_at_a_time_server_gets_each_step_once_without_timeouts(
     assert results == ["correct"] * 16
     # AIMD kept the queue at the server short: nothing timed out, nothing was sent twice.
     assert sorted(_thoughts(fake_openai)) == sorted(f"step {i}" for i in range(16))
-    assert corrector.limit.peak_in_flight <= 4 < 8
+    # At most 5 in flight: the last in the server's line waits 5 x 0.1 s, inside the 0.6 s
+    # timeout (a loaded host's slower answers once opened it to 5; the fixed 8 would time out).
+    assert corrector.limit.peak_in_flight <= 5 < 8
 
 
 def test_a_fixed_concurrency_of_8_times_out_on_the_same_server(fake_openai: FakeOpenAI) -> None:
