@@ -107,6 +107,7 @@ def plan_lines(cfg: StudyConfig) -> list[str]:
     lines = [
         f"study {cfg.name}: {len(cells)} runs, {steps:,} env steps, primary {cfg.primary.label()}"
     ]
+    from services.study.schemas import trial_configs
     from services.study.tuning import plan_lines as tuning_lines
 
     tuning, tuning_steps = tuning_lines(cfg)
@@ -125,9 +126,11 @@ def plan_lines(cfg: StudyConfig) -> list[str]:
         shared = [a for a in cfg.shared_arms if cfg.variants and per.get((task, "", a))]
         if shared:
             lines.append(f"  no variant, shared by every variant: {_runs(per, task, '', shared)}")
-    # Runs with init.cache = false build their own warm start each.
-    uncached = [c for c in configs.values() if c.init.kind == "warm_start" and not c.init.cache]
-    warm = len({warm_group(c) for c in configs.values()} - {None}) + len(uncached)
+    # The tuning stage's runs warm-start on its own seeds (no knob changes [init]: one per arm's
+    # config and seed); runs with init.cache = false build their own warm start each.
+    every = [*configs.values(), *trial_configs(cfg)]
+    uncached = [c for c in every if c.init.kind == "warm_start" and not c.init.cache]
+    warm = len({warm_group(c) for c in every} - {None}) + len(uncached)
     lines.append(
         f"warm starts to build: {warm} (runs of one task and seed share one when their "
         "model, env settings less early truncation, and [init] recipe agree)"

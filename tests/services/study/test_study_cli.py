@@ -167,12 +167,25 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: 
     env, out, tmp_path = demo.env, demo.out, demo.data.parent
     assert "study 1: demo (new), 4 runs" in out.stdout and "study 1 done" in out.stdout
     assert "eval/success_rate (final)" in out.stdout  # the verdict table
+    # The tuning stage first: GTR's two sft_coef trials on tuning seed 100, then the choice.
+    assert "tuning gtr trial 0 {'sft_coef': 0.5}: runs" in out.stdout
+    assert "tuning gtr trial 1 {'sft_coef': 2.0}: runs" in out.stdout
+    assert "tuning gtr: selected trial " in out.stdout
+    assert out.stdout.index("tuning gtr: selected") < out.stdout.index("gtr seed 0: started")
     url = f"sqlite:///{tmp_path / 'data' / 'gtr.sqlite3'}"
     with session_scope(url) as s:
         (group,) = build_report(s, 1).groups
         # 2 seeds decide nothing (the smallest sign-flip p is 0.5): the verdict says so.
         assert [c.verdict for c in group.primary.comparisons] == ["not decided at 2 seeds"]
-        runs = sorted(s.scalars(select(Run)).all(), key=lambda r: (r.study_seed, r.study_arm))
+        trials = s.scalars(select(Run).where(Run.study_id.is_(None))).all()
+        assert {r.config["seed"] for r in trials} == {100} and 1 <= len(trials) <= 2
+        study = s.get(Study, 1)
+        assert study is not None
+        chosen = study.spec["arms"]["gtr"]["train"]["sft_coef"]
+        assert chosen in (0.5, 2.0)
+        grid = select(Run).where(Run.study_id == 1)
+        runs = sorted(s.scalars(grid).all(), key=lambda r: (r.study_seed, r.study_arm))
+        assert all(r.config["train"]["sft_coef"] == chosen for r in runs if r.study_arm == "gtr")
         assert [(r.study_arm, r.study_seed, r.status) for r in runs] == [
             ("gtr", 0, "completed"),
             ("rl4vlm", 0, "completed"),
@@ -182,7 +195,8 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: 
         # One warm start per seed: rl4vlm waited for gtr's and reused it.
         reused = [bool(r.info["warm_start"]["reused"]) for r in runs]
         assert reused == [False, True, False, True]
-        outcomes = s.scalars(select(EvalOutcome)).all()
+        ids = [r.id for r in runs]
+        outcomes = s.scalars(select(EvalOutcome).where(EvalOutcome.run_id.in_(ids))).all()
     # 4 deals before update 0 (the start), after the first and after the last of the 3 updates
     # (eval_every = 3) of each run, dealt from the evaluation seed space.
     assert len(outcomes) == 4 * 3 * 4

@@ -1,7 +1,8 @@
 """The tuning stage (services/study/tuning.py): a bad `[tuning]` section is one line and nothing
-runs (CLI and REST), `gtr study plan` shows the trials and their cost; configs/studies/
-demo-tuning.toml's study run by `gtr study run` (embedded) tunes on a tuning seed, prunes a trial
-behind the other, runs its grid with the choice and does not tune again when run again; a
+runs (CLI and REST), `gtr study plan` shows configs/studies/demo.toml's trials and their cost
+(tests/services/study/test_study_cli.py runs that study); a tuned study run by `gtr study run`
+(embedded) tunes on a tuning seed, prunes a trial behind the other, runs its grid with the
+choice and does not tune again when run again; a
 study posted through REST tunes through a real `gtr controller` (PostgreSQL), killed and
 restarted mid-trial, and the report and the study page show the trials and the choice.
 
@@ -37,7 +38,7 @@ from tests.conftest import live_server
 from tests.e2e.helpers import ROOT, cancel_active_runs, tiny_run
 from tests.services.study.tiny_study import gtr_cli
 
-DEMO = ROOT / "configs" / "studies" / "demo-tuning.toml"
+DEMO = ROOT / "configs" / "studies" / "demo.toml"
 BASE = ROOT / "configs" / "numberline-tiny.toml"
 STUDY = """
 name = "tuned"
@@ -135,9 +136,11 @@ def test_the_plan_shows_the_trials_and_the_cost_with_tuning(tmp_path: Path) -> N
     out = gtr_cli("study", "plan", str(DEMO), env={"GTR_DATA_DIR": str(tmp_path / "data")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "study demo-tuning: 1 runs, 16 env steps" in lines[0]
+    assert "study demo: 4 runs, 96 env steps" in lines[0]
     assert "  gtr: 2 trials x 1 seed(s), 16 env steps a run; sft_coef {0.5, 2.0}" in lines
-    assert "cost with the tuning stage: at most 48 env steps" in lines
+    assert "cost with the tuning stage: at most 128 env steps" in lines
+    # Seeds 0 and 1 of the grid, and the tuning seed's own.
+    assert any(line.startswith("warm starts to build: 3 ") for line in lines), lines
     assert not (tmp_path / "data" / "tuning.sqlite3").exists()  # the plan writes nothing
 
 
@@ -145,28 +148,51 @@ EMBEDDED_BUDGET = 8  # updates a trial run of the embedded study may train
 
 
 def _lr_study(name: str) -> str:
-    """demo-tuning.toml's study (tuning seed 100, grid sampler, median pruner), selecting by the
+    """The smallest tuned study (tuning seed 100, grid sampler, median pruner), selecting by the
     recorded lr over lr in {0.001, 0.01}, from no warm start with short episodes (an untrained
     policy's are all truncations: 3 steps of 24 tokens keep its evaluations short)."""
-    text = DEMO.read_text().replace('name = "demo-tuning"', f'name = "{name}"')
-    text = text.replace('config = "../numberline-tiny.toml"', f'config = "{BASE}"')
-    text = text.replace(
-        "[tasks.numberline.base.init]\nvision_steps = 20\nsft_samples = 32\nsft_steps = 10\n",
-        '[tasks.numberline.base.init]\nkind = "none"\n[tasks.numberline.base.env]\n'
-        "max_episode_steps = 3\n[tasks.numberline.base.generation]\nmax_new_tokens = 24\n",
-    )
-    text = text.replace(
-        'metric = { metric = "eval/success_rate", reduce = "mean" }',
-        'metric = { metric = "lr", reduce = "mean", higher_is_better = false }',
-    ).replace("sft_coef = { choices = [0.5, 2.0] }", "lr = { choices = [0.001, 0.01] }")
-    # 8 updates a trial run: a stop decided at update 0 reaches the run's driver (the runner
-    # polls each second) long before its budget, on an idle host too, where a tiny update takes
-    # about a second (at 3, an idle CI host's stopped run finished its budget first).
-    text = text.replace(
-        "seeds = [100]\nupdates = 2\n", f"seeds = [100]\nupdates = {EMBEDDED_BUDGET}\n"
-    )
-    assert text.count("lr = { choices") == 1 and f"updates = {EMBEDDED_BUDGET}" in text, text
-    return text
+    return LR_STUDY.format(name=name, base=BASE, budget=EMBEDDED_BUDGET)
+
+
+# 8 updates a trial run: a stop decided at update 0 reaches the run's driver (the runner polls
+# each second) long before its budget, on an idle host too, where a tiny update takes about a
+# second (at 3, an idle CI host's stopped run finished its budget first).
+LR_STUDY = """
+name = "{name}"
+seeds = [0]
+eval_episodes = 4
+concurrency = 1
+primary = {{ metric = "eval/success_rate", reduce = "final" }}
+[budget]
+updates = 2
+[tasks.numberline]
+config = "{base}"
+[tasks.numberline.base.init]
+kind = "none"
+[tasks.numberline.base.env]
+max_episode_steps = 3
+[tasks.numberline.base.generation]
+max_new_tokens = 24
+[tasks.numberline.base.train]
+num_envs = 2
+num_steps = 4
+minibatch_size = 8
+ppo_epochs = 1
+[tasks.numberline.base.metrics]
+probe_states = 4
+eval_every = 1
+[arms.gtr]
+algorithm = "gtr"
+[tuning]
+trials = 2
+seeds = [100]
+updates = {budget}
+sampler = "grid"
+pruner = "median"
+metric = {{ metric = "lr", reduce = "mean", higher_is_better = false }}
+[tuning.arms.gtr]
+lr = {{ choices = [0.001, 0.01] }}
+"""
 
 
 @dataclass
