@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from services.study import service
 from services.study.report import training_deals
 from services.study.schemas import Cell, StudyConfig
+from services.study.tuning_carry import CarriedArm, CarryError, check_stage, export_stage
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update, utcnow
 
 FORMAT = "gtr-study-bundle"
@@ -89,6 +90,8 @@ class Imported:
     added: list[int] = field(default_factory=list)  # the new run ids
     skipped: int = 0  # bundle runs whose cell already has a run here
     waiting: int = 0  # the study's cells with no finished run: what a rerun would train
+    spec: StudyConfig | None = None  # the bundle's study file, checked
+    tuning: list[CarriedArm] = field(default_factory=list)  # its tuning stage, checked
 
 
 def export_study(session: Session, study_id: int, warm_starts: bool = True) -> dict[str, Any]:
@@ -111,6 +114,7 @@ def export_study(session: Session, study_id: int, warm_starts: bool = True) -> d
         },
         "runs": [_run_entry(session, run) for run in runs],
         "warm_starts": carried,
+        "tuning": export_stage(service.config_of(study), study.id),
     }
 
 
@@ -297,6 +301,10 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
         raise BundleError("the team must be 1 to 100 characters, none a control one")
     _check_launch(session, cfg, runs, team)
     _check_warm_starts(cfg, bundle.get("warm_starts") or [])
+    try:
+        stage = check_stage(cfg, bundle.get("tuning"))
+    except CarryError as e:
+        raise BundleError(f"the bundle's {e}") from None
     study = service.find_study(session, cfg.name, team)
     created = study is None
     if study is None:
@@ -316,7 +324,7 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
         (r.study_task, r.study_arm, r.study_seed, r.study_variant, r.study_attempt)
         for r in service.study_runs(session, study.id)
     }
-    out = Imported(study.id, created)
+    out = Imported(study.id, created, spec=cfg, tuning=stage)
     for entry in runs:
         try:
             key = tuple(entry[k] for k in RUN_FIELDS[-5:])

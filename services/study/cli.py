@@ -333,6 +333,7 @@ def study_import(file: Path, team: str | None, max_mib: int) -> None:
     refuse the bundle, which then writes nothing."""
     from services.study.bundle import BundleError, import_study, install_warm_starts, read_bundle
     from services.study.kept import report_of
+    from services.study.tuning_carry import install_stage
     from shared.db.models import Study
     from shared.db.session import session_scope
 
@@ -356,6 +357,9 @@ def study_import(file: Path, team: str | None, max_mib: int) -> None:
     with session_scope() as s:
         for line in install_warm_starts(s, bundle, got.study_id):
             click.echo(line, err=line.startswith("warning:"))
+    if got.spec is not None:  # its tuning stage, so that the study here does not tune again
+        for line in install_stage(got.spec, got.study_id, got.tuning):
+            click.echo(line)
     # Build and keep the report now, so that the study's first page view reads it (the v3
     # study's bootstrap takes seconds) instead of building it under a visitor.
     with session_scope() as s:

@@ -144,9 +144,16 @@ def _storage(db_url: str) -> optuna.storages.RDBStorage:
 
 
 def _optuna_study(
-    cfg: StudyConfig, study_id: int, arm: str, create: bool, db_url: str | None = None
+    cfg: StudyConfig,
+    study_id: int,
+    arm: str,
+    create: bool,
+    db_url: str | None = None,
+    enqueue: bool = True,
 ) -> optuna.Study | None:
-    """The arm's Optuna study in the storage of ``db_url`` (default: the settings' store)."""
+    """The arm's Optuna study in the storage of ``db_url`` (default: the settings' store);
+    created with the grid's points enqueued unless ``enqueue`` is false (a carried stage
+    enqueues only the points its trials did not finish: tuning_carry.py)."""
     import optuna
 
     store = _storage(db_url) if db_url else storage()
@@ -175,14 +182,38 @@ def _optuna_study(
         pruner=pruner,
         load_if_exists=True,
     )
-    if t.sampler == "grid" and not study.user_attrs.get("grid_enqueued"):
+    if enqueue and t.sampler == "grid" and not study.user_attrs.get("grid_enqueued"):
         # The grid as enqueued trials, in order (Optuna's GridSampler stops the study when
         # exhausted, which ask-and-tell does not allow); trials past the grid: TPE.
-        knobs = t.arms[arm]
-        for values in itertools.product(*(s.choices or [] for s in knobs.values())):
-            study.enqueue_trial(dict(zip(knobs, values, strict=True)))
+        for point in grid_points(t.arms[arm]):
+            study.enqueue_trial(point)
         study.set_user_attr("grid_enqueued", True)
     return study
+
+
+def grid_points(knobs: dict[str, KnobSpec]) -> list[dict[str, Any]]:
+    """The grid sampler's points, in order: every combination of the knobs' choices."""
+    names = list(knobs)
+    return [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(knobs[k].choices or [] for k in names))
+    ]
+
+
+def distribution(knob: str, s: KnobSpec) -> optuna.distributions.BaseDistribution:
+    """The knob's search space as Optuna's distribution (what ``_suggest`` asks for)."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if s.choices is not None:
+        return CategoricalDistribution(s.choices)
+    assert s.low is not None and s.high is not None
+    if knob == "sft_epochs":
+        return IntDistribution(int(s.low), int(s.high), log=s.log)
+    return FloatDistribution(s.low, s.high, log=s.log)
 
 
 def _suggest(trial: optuna.Trial, knob: str, s: KnobSpec) -> Any:

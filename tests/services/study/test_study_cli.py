@@ -254,15 +254,27 @@ def test_a_bundle_carries_the_warm_start_a_seed_still_needs(demo: Demo, tmp_path
     # Another machine: a fresh store that builds its own tiny base model.
     there = tmp_path / "there"
     elsewhere = {**demo.env, "GTR_DATA_DIR": str(there), "GTR_MODEL_DIR": None}
-    for _ in range(2):  # importing twice files nothing new
+    for i in range(2):  # importing twice files nothing new
         got = gtr_here("study", "import", str(bundle), env=elsewhere)
         assert got.returncode == 0 and "warning" not in got.stderr, got.stderr
         assert "the warm start of numberline seed 1 is in this cache (" in got.stdout
+        # The tuning stage comes along (both trials finished, the choice made), once.
+        carried = "tuning gtr: 2 finished trials carried, its choice"
+        kept = "tuning gtr: this store's own stage kept (not the bundle's)"
+        assert (carried if i == 0 else kept) in got.stdout, got.stdout
     (entry,) = [d for d in (there / "cache" / "warmstart").iterdir() if d.name[0] != "."]
     assert CheckpointStore.weights_digest(entry / "model") in start
     trained = gtr_here("study", "run", str(DEMO), env=elsewhere)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "started from other weights" not in trained.stdout
+    assert "tuning gtr trial" not in trained.stdout  # not tuned again: trains at the choice
+    here_report = json.loads(gtr_here("study", "report", "1", "--json", env=env).stdout)
+    there_report = json.loads(gtr_here("study", "report", "1", "--json", env=elsewhere).stdout)
+    (mine,), (theirs,) = here_report["tuning"], there_report["tuning"]
+    assert theirs["selected"] == mine["selected"] is not None
+    assert [(t["params"], t["state"], t["score"]) for t in theirs["trials"]] == [
+        (t["params"], t["state"], t["score"]) for t in mine["trials"]
+    ]
     with session_scope(f"sqlite:///{there / 'gtr.sqlite3'}") as s:
         new = s.scalars(select(Run).where(Run.study_seed == 1, Run.study_arm == "rl4vlm")).one()
         assert new.status == "completed" and new.info["warm_start"]["reused"] is True
@@ -325,6 +337,41 @@ def test_a_bundle_carries_the_warm_start_a_seed_still_needs(demo: Demo, tmp_path
         assert got.returncode == 1 and says in got.stderr, got.stderr
         assert stored(store) == (0, []), edit.__name__
     assert not (tmp_path / "evil.safetensors").exists()
+
+    # A forged tuning stage: refused in one line, nothing written.
+    def forged(name: str, edit: Callable[[dict[str, Any]], None]) -> str:
+        data = json.loads(gzip.decompress(thin.read_bytes()))
+        edit(data["tuning"][0])
+        path, store = tmp_path / f"{name}.json", tmp_path / name
+        path.write_text(json.dumps(data))
+        got = gtr_here("study", "import", str(path), env={**env, "GTR_DATA_DIR": str(store)})
+        assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+        assert stored(store) == (0, []), name
+        return got.stderr
+
+    def off_grid(arm: dict[str, Any]) -> None:
+        arm["trials"][0]["params"]["sft_coef"] = 3.0
+
+    def other_knob(arm: dict[str, Any]) -> None:
+        arm["trials"][0]["params"] = {"lr": 0.1}
+
+    def other_arm(arm: dict[str, Any]) -> None:
+        arm["arm"] = "<img src=x onerror=alert(1)>"
+
+    def chosen_elsewhere(arm: dict[str, Any]) -> None:
+        arm["selected"] = {"trial": 7, "params": {"sft_coef": 0.5}}
+
+    def huge(arm: dict[str, Any]) -> None:
+        arm["trials"][0]["reported"] = {"0": "Infinity"}
+
+    for forge, says in (
+        (off_grid, "tuning gtr trial 0: sft_coef = 3.0 is outside its search space"),
+        (other_knob, "tuning gtr trial 0: its knobs are not the study file's"),
+        (other_arm, "tuning arm '<img src=x onerror=alert(1)>' is not tuned by the study file"),
+        (chosen_elsewhere, "tuning gtr: its choice is none of its complete trials"),
+        (huge, "tuning gtr trial 0: a score that is not a finite number"),
+    ):
+        assert says in forged(forge.__name__, forge), forge.__name__
 
 
 def _newer_study_file(c: sqlite3.Connection) -> None:

@@ -514,3 +514,47 @@ def test_an_arm_whose_trials_all_fail_keeps_its_own_settings_and_says_so(pg_url:
     assert page.status_code == 200, page.text[:500]
     assert "no trial completed: the arm keeps its own settings" in page.text
     assert "selected trial None" not in page.text
+
+
+def test_a_half_done_stage_carried_to_another_store_goes_on_where_it_was(pg_url: str) -> None:
+    """A bundle exported mid-stage: trial 0 complete, trial 1's run still running. The import
+    carries trial 0 only; the next poll here asks for the grid point trial 1 had (lr 0.01), as
+    trial 1, which the pruner judges against the carried trial's reports; the choice is the
+    carried trial."""
+    from services.study.tuning_carry import check_stage, export_stage, install_stage
+    from shared.db.models import Update
+
+    with session_scope() as s:
+        cfg = StudyConfig.model_validate({**_stack_body(), "name": "carried-from"})
+        source = service.create_study(s, cfg, "carry-a").id
+    (first,) = _poll(source)
+    with session_scope() as s:
+        run = s.get(Run, first.id)
+        assert run is not None
+        s.add(Update(run_id=run.id, idx=0, metrics={"lr": 0.001}))
+        run.status, run.updates_done = "completed", 1
+    (running,) = _poll(source)  # trial 0 told complete; trial 1 asked, its run in flight
+    assert running.config["train"]["lr"] == 0.01
+    carried = json.loads(json.dumps(export_stage(cfg, source)))  # as the bundle holds it
+    assert [t["number"] for t in carried[0]["trials"]] == [0] and carried[0]["selected"] is None
+
+    with session_scope() as s:
+        target = service.create_study(s, cfg.model_copy(update={"name": "carried-to"}), "b").id
+    lines = install_stage(cfg, target, check_stage(cfg, carried))
+    assert lines == ["tuning gtr: 1 finished trials carried, no choice yet"]
+    (asked,) = _poll(target)  # the grid point trial 1 never finished, and nothing else
+    assert asked.info["tuning"]["trial"] == 1 and asked.config["train"]["lr"] == 0.01
+    with session_scope() as s:
+        run = s.get(Run, asked.id)
+        assert run is not None
+        s.add(Update(run_id=run.id, idx=0, metrics={"lr": 0.01}))
+        run.status, run.updates_done = "completed", 1
+    (grid,) = _poll(target)  # trial 1 behind trial 0's carried report: pruned; the choice made
+    assert grid.study_id == target and grid.config["train"]["lr"] == 0.001
+    (arm,) = tuning.tuning_report(cfg, target)
+    assert [(t.number, t.params, t.state, t.runs) for t in arm.trials] == [
+        (0, {"lr": 0.001}, "complete", []),
+        (1, {"lr": 0.01}, "pruned", [asked.id]),
+    ]
+    assert arm.trials[1].stopped_at == 0
+    assert arm.selected == {"lr": 0.001} and arm.selected_trial == 0
