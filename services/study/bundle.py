@@ -37,11 +37,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
 
-from services.study import service
+from services.study import service, tuning
 from services.study.report import training_deals
 from services.study.schemas import Cell, StudyConfig
 from services.study.tuning_carry import CarriedArm, CarryError, check_stage, export_stage
 from shared.db.models import Checkpoint, EvalOutcome, Run, Study, Update, utcnow
+from shared.schemas import RunConfig
 
 FORMAT = "gtr-study-bundle"
 VERSION = 1
@@ -129,6 +130,11 @@ def unfinished_groups(session: Session, study: Study) -> dict[str, Cell]:
         *(c for c, _ in p.rerun),
         *(service.cell_of(r) for r in (*p.active, *p.cancelled)),
     ]
+    # The tuning stage's runs too, while an arm has no choice: its trials on one seed compare
+    # like for like only from the same weights.
+    unfinished = tuning.unfinished_arms(cfg, study.id)
+    if unfinished:
+        cells += tuning.tuning_cells(cfg, unfinished)
     out: dict[str, Cell] = {}
     for cell in cells:
         group = service.warm_group(cfg.run_config(cell))
@@ -149,6 +155,11 @@ def _warm_starts(session: Session, study: Study) -> list[dict[str, Any]]:
         key = ((run.info or {}).get("warm_start") or {}).get("key")
         if key and run.status != service.SUPERSEDED:  # a superseded run's start is not wanted
             group = service.warm_group(cfg.run_config(service.cell_of(run)))
+            recorded.setdefault(str(group), []).append(str(key))
+    for run in sorted(tuning.trial_runs(session, study.id), key=lambda r: -r.id):
+        key = ((run.info or {}).get("warm_start") or {}).get("key")
+        if key:
+            group = service.warm_group(RunConfig.model_validate(run.config))
             recorded.setdefault(str(group), []).append(str(key))
     out = []
     for group, cell in groups.items():
@@ -374,7 +385,7 @@ def _check_launch(session: Session, cfg: StudyConfig, runs: list[Any], team: str
 
 def _carried(cfg: StudyConfig, warm: list[Any]) -> list[tuple[Cell, dict[str, Any] | None]]:
     """The bundle's warm starts as (cell, packed entry or None); BundleError for a malformed one."""
-    cells = set(cfg.cells())
+    cells = {*cfg.cells(), *tuning.tuning_cells(cfg)}
     out = []
     for i, item in enumerate(warm if isinstance(warm, list) else [warm]):
         try:
@@ -468,7 +479,7 @@ _REBUILT = (
 
 
 def _seed_text(cell: Cell) -> str:
-    return f"{cell.task} seed {cell.seed}"
+    return f"{cell.task} seed {cell.seed}"  # a tuning seed's: its task and (tuning) seed
 
 
 def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:

@@ -354,12 +354,13 @@ def study_import(file: Path, team: str | None, max_mib: int) -> None:
             "rerun the study file with `gtr study run FILE` here (or `gtr study resume "
             f"{got.study_id}` on the full stack) to train them"
         )
-    with session_scope() as s:
-        for line in install_warm_starts(s, bundle, got.study_id):
-            click.echo(line, err=line.startswith("warning:"))
     if got.spec is not None:  # its tuning stage, so that the study here does not tune again
         for line in install_stage(got.spec, got.study_id, got.tuning):
             click.echo(line)
+    # Then the warm starts its unfinished cells (and the stage's unfinished arms) will reuse.
+    with session_scope() as s:
+        for line in install_warm_starts(s, bundle, got.study_id):
+            click.echo(line, err=line.startswith("warning:"))
     # Build and keep the report now, so that the study's first page view reads it (the v3
     # study's bootstrap takes seconds) instead of building it under a visitor.
     with session_scope() as s:

@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session
 
 from services.controller.launch import queued_run
 from services.study.schemas import (
+    Cell,
     KnobSpec,
     MetricSpec,
     StudyConfig,
@@ -282,6 +283,29 @@ def advance(session: Session, study: Study, cfg: StudyConfig, say: Say | None = 
 class Stage:
     selected: dict[str, dict[str, Any]] | None  # None: still tuning
     queued: list[Run]  # the trial runs this poll queued
+
+
+def tuning_cells(cfg: StudyConfig, arms: list[str] | None = None) -> list[Cell]:
+    """The tuning stage's runs as cells (the tuned task, no variant, a tuning seed): what their
+    warm starts depend on, as a grid cell's (``trial_config`` builds on ``run_config``)."""
+    t = cfg.tuning
+    if t is None:
+        return []
+    return [
+        Cell(tuned_task(cfg), a, s) for a in (t.arms if arms is None else arms) for s in t.seeds
+    ]
+
+
+def unfinished_arms(cfg: StudyConfig, study_id: int) -> list[str]:
+    """The tuned arms with no choice yet in this store (their stage not begun counts)."""
+    if cfg.tuning is None:
+        return []
+    out = []
+    for arm in cfg.tuning.arms:
+        ostudy = _optuna_study(cfg, study_id, arm, create=False)
+        if ostudy is None or ostudy.user_attrs.get("selected") is None:
+            out.append(arm)
+    return out
 
 
 def of_study(study_id: int) -> ColumnElement[bool]:

@@ -558,3 +558,59 @@ def test_a_half_done_stage_carried_to_another_store_goes_on_where_it_was(pg_url:
     ]
     assert arm.trials[1].stopped_at == 0
     assert arm.selected == {"lr": 0.001} and arm.selected_trial == 0
+
+
+def test_a_bundle_exported_mid_stage_carries_the_tuning_seeds_warm_start(
+    pg_url: str, warm_checkpoint: Path
+) -> None:
+    """A stage that spans sessions: its trials on a tuning seed compare like for like only from
+    the same weights, so the bundle carries the tuning seed's cached warm start while an arm has
+    no choice, and the import files it where the next trials reuse it."""
+    from services.controller.backends import InProcessPolicy, InProcessTrainer, ThreadCorrections
+    from services.controller.service import RunDriver
+    from services.env import EnvPool
+    from services.study.bundle import export_study, import_study, install_warm_starts
+    from services.study.tuning_carry import install_stage
+    from shared.settings import get_settings
+
+    body = _stack_body()
+    base = tiny_run(warm_checkpoint, envs=2, steps=4, updates=1)
+    base["init"] = {"kind": "warm_start", "vision_steps": 0, "sft_samples": 8, "sft_steps": 2,
+                    "batch_size": 4}  # fmt: skip
+    body["tasks"]["numberline"]["base"] = base
+    body["name"] = "warm mid-stage"
+    with session_scope() as s:
+        cfg = StudyConfig.model_validate(body)
+        study_id = service.create_study(s, cfg, "carry-warm").id
+    (trial0,) = _poll(study_id)
+    run_cfg = RunConfig.model_validate(trial0.config)
+    corrections = ThreadCorrections("oracle", 0.0, run_cfg.seed, get_settings(), run_id=trial0.id)
+    try:
+        driver = RunDriver(
+            trial0.id, EnvPool(), InProcessPolicy(run_cfg.model), corrections, InProcessTrainer()
+        )
+        assert driver.run() == "completed"
+    finally:
+        corrections.close()
+    with session_scope() as s:
+        run = s.get(Run, trial0.id)
+        assert run is not None
+        key = run.info["warm_start"]["key"]
+        bundle = json.loads(json.dumps(export_study(s, study_id)))  # as the file holds it
+    by_seed = {w["cell"]["seed"]: w for w in bundle["warm_starts"]}
+    assert sorted(by_seed) == [1, 100] and by_seed[1]["entry"] is None  # the grid's: not built
+    warm = by_seed[100]
+    assert warm["cell"] == {"task": "numberline", "arm": "gtr", "seed": 100, "variant": ""}
+    assert warm["entry"] is not None and warm["entry"]["weights_sha256"]
+    assert bundle["tuning"][0]["trials"] == []  # trial 0 not told complete yet: asked again
+
+    with session_scope() as s:
+        got = import_study(s, bundle, "carry-warm-b")
+    assert got.spec is not None
+    assert install_stage(got.spec, got.study_id, got.tuning) == [
+        "tuning gtr: 0 finished trials carried, no choice yet"
+    ]
+    with session_scope() as s:
+        lines = install_warm_starts(s, bundle, got.study_id)
+    assert lines == [f"the warm start of numberline seed 100 is in this cache ({key[:12]}): "
+                     "its seed's next runs reuse it"]  # fmt: skip
