@@ -107,8 +107,8 @@ def plan_lines(cfg: StudyConfig) -> list[str]:
     lines = [
         f"study {cfg.name}: {len(cells)} runs, {steps:,} env steps, primary {cfg.primary.label()}"
     ]
-    from services.study.schemas import trial_configs
     from services.study.tuning import plan_lines as tuning_lines
+    from services.study.tuning import tuning_cells
 
     tuning, tuning_steps = tuning_lines(cfg)
     if tuning:
@@ -128,7 +128,7 @@ def plan_lines(cfg: StudyConfig) -> list[str]:
             lines.append(f"  no variant, shared by every variant: {_runs(per, task, '', shared)}")
     # The tuning stage's runs warm-start on its own seeds (no knob changes [init]: one per arm's
     # config and seed); runs with init.cache = false build their own warm start each.
-    every = [*configs.values(), *trial_configs(cfg)]
+    every = [*configs.values(), *(cfg.run_config(c) for c in tuning_cells(cfg))]
     uncached = [c for c in every if c.init.kind == "warm_start" and not c.init.cache]
     warm = len({warm_group(c) for c in every} - {None}) + len(uncached)
     lines.append(

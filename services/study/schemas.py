@@ -362,13 +362,6 @@ def trial_config(
         raise ValueError(f"tuning.arms.{arm} {params}: {where}: {first['msg']}") from None
 
 
-def trial_configs(cfg: StudyConfig) -> list[RunConfig]:
-    """A trial run's config per tuned arm and tuning seed, at the arm's own settings (what its
-    warm start depends on: no knob changes ``[init]``)."""
-    t = cfg.tuning
-    return [] if t is None else [trial_config(cfg, a, s, {}, 0) for a in t.arms for s in t.seeds]
-
-
 class StudyConfig(_Strict):
     name: str = Field(min_length=1, max_length=200, description="Human name of the study")
     tasks: dict[str, TaskSpec] = Field(
