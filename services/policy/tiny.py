@@ -143,6 +143,8 @@ def train_tokenizer(lines: list[str], arch: str, vocab_size: int = 1024) -> Any:
         min_frequency=2,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=specials,
+        # its progress bar goes straight to fd 1 (Rust), as blank lines in the CLI's output
+        show_progress=False,
     )
     # Digits 0..13 and JSON punctuation always get their own pieces, however small the corpus.
     seeds = [str(i) for i in range(14)] + ['{"', '": "', '", "', '"}', '": [', "], ", '": ']

@@ -92,8 +92,12 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
         left = col in ("A vs B", "verdict")
         t.add_column(col, justify="left" if left else "right", no_wrap=col == "verdict")
     t.add_column("P(A better) [95 % CI]", justify="right")
+    by_start = any(c.start_rho is not None for c in block.comparisons)
+    if by_start:
+        t.add_column("ρ(start, A − B) (p)", justify="right")
     for c in block.comparisons:
         pair = Text(c.a) + Text(" vs ") + Text(c.b)
+        rho = "–" if c.start_rho is None else f"{c.start_rho:+.2f} ({c.start_p:.3f})"
         t.add_row(
             pair,
             interval(c.mean_diff),
@@ -102,8 +106,23 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
             _verdict(c),
             need_text(c),
             interval(c.p_improvement, 2),
+            *([rho] if by_start else []),
         )
     return t
+
+
+def _starts(block: MetricBlock) -> list[RenderableType]:
+    """Each seed's start in one line, and the seeds where neither the start nor any arm scored."""
+    if not block.start_scores:
+        return []
+    each = ", ".join(f"{seed}: {num(v)}" for seed, v in sorted(block.start_scores.items()))
+    out: list[RenderableType] = [
+        Text(f"start (before update 0) per seed: {each}; mean {interval(block.start)}", style="dim")
+    ]
+    if block.dead_seeds:
+        dead = ", ".join(map(str, block.dead_seeds))
+        out.append(Text(f"⚠ seeds {dead}: the start and every arm at 0", style="bold yellow"))
+    return out
 
 
 def report_renderable(report: StudyReport) -> RenderableType:
@@ -143,7 +162,7 @@ def report_renderable(report: StudyReport) -> RenderableType:
             parts.append(
                 Text(f"⚠ seeds {seeds}: the arms started from different weights", style="bold red")
             )
-        parts.append(_arms_table(g.primary))
+        parts += [_arms_table(g.primary), *_starts(g.primary)]
         if cost := cost_items(g):
             each = ", ".join(f"{arm} {minutes}" for arm, minutes in cost)
             parts.append(Text(f"wall-minutes per run: {each}", style="dim"))

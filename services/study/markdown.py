@@ -84,6 +84,8 @@ def _group(g: GroupReport) -> list[str]:
         seeds = ", ".join(map(str, g.split_starts))
         notes.append(f"**seeds {seeds}: the arms started from different weights**")
     out += ["; ".join(notes) + ".", "", *_arms(g.primary)]
+    if g.primary.start_scores:
+        out += ["", *_seeds(g.primary)]
     if cost := cost_items(g):
         each = ", ".join(f"{text(arm)} {minutes}" for arm, minutes in cost)
         out += ["", f"Wall-minutes per run (mean over its finished runs): {each}."]
@@ -129,6 +131,27 @@ def _arms(block: MetricBlock) -> list[str]:
     return rows
 
 
+def _seeds(block: MetricBlock) -> list[str]:
+    """Each seed's start beside each arm's score: a verdict read with the starts it rests on."""
+    head = ["seed", "start", *(text(a.arm) for a in block.arms)]
+    rows = [_row(head), _row(["---"] + ["---:"] * (len(head) - 1))]
+    for seed in block.seeds():
+        cells = [str(seed), num(block.start_scores.get(seed))]
+        rows.append(_row(cells + [num(a.scores.get(seed)) for a in block.arms]))
+    lead = f"Each seed's start and each arm's {text(block.label)}:"
+    if not block.dead_seeds:
+        return [lead, "", *rows]
+    dead = ", ".join(map(str, block.dead_seeds))
+    return [
+        lead,
+        "",
+        *rows,
+        "",
+        f"**Seed{'s' if len(block.dead_seeds) > 1 else ''} {dead}: the start and every arm at "
+        "0**, nothing learnt from that start; the comparisons count it as a difference of 0.",
+    ]
+
+
 def _comparisons(comparisons: list[ComparisonOut]) -> list[str]:
     head = [
         "A vs B",
@@ -138,12 +161,18 @@ def _comparisons(comparisons: list[ComparisonOut]) -> list[str]:
         "verdict",
         "seeds for 80 % power (estimate)",
     ]
-    rows = [_row(head), _row(["---", "---:", "---:", "---:", "---", "---:"])]
+    # Whether a difference follows the seed's start (studies whose start varies between seeds)
+    by_start = any(c.start_rho is not None for c in comparisons)
+    head += ["A − B against the start: Spearman ρ (p)"] if by_start else []
+    rows = [_row(head), _row(["---", "---:", "---:", "---:", "---"] + ["---:"] * (len(head) - 5))]
     for c in comparisons:
         verdict = f"**{text(c.verdict)}**" if c.winner else text(c.verdict)
         pair = f"{text(c.a)} vs {text(c.b)}"
         holm = "–" if c.p_holm is None else f"{c.p_holm:.4f}"
         cells = [pair, interval(c.mean_diff), p_text(c), holm, verdict, need_text(c)]
+        if by_start:
+            rho = c.start_rho
+            cells.append("–" if rho is None else f"{rho:+.2f} ({c.start_p:.3f})")
         rows.append(_row(cells))
     return rows
 

@@ -46,3 +46,10 @@ class ComparisonOut(BaseModel):
     )
     p_improvement: IntervalOut = Field(description="P(a run of A beats a run of B)")
     runs: list[int] = Field(description="Run ids of both arms on the shared seeds")
+    start_rho: float | None = Field(
+        None,
+        description="Spearman's rho over seeds between the seed's start (before update 0) and "
+        "A - B: whether the difference depends on where the seed started. None: under 3 seeds "
+        "with a start, or either side constant",
+    )
+    start_p: float | None = Field(None, description="Two-sided permutation p of start_rho")

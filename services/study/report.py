@@ -99,6 +99,15 @@ class MetricBlock(BaseModel):
     start_scores: dict[int, float] = Field(
         default_factory=dict, description="Seed -> the start's value (one per seed, shared)"
     )
+    dead_seeds: list[int] = Field(
+        default_factory=list,
+        description="Seeds whose start and every arm's score are 0 (nothing learnt from that "
+        "start): kept in the comparisons, named so a mean does not hide them",
+    )
+
+    def seeds(self) -> list[int]:
+        """Every seed with a start or an arm's score, in order (the per-seed table's rows)."""
+        return sorted(set(self.start_scores).union(*(a.scores for a in self.arms)))
 
 
 class CurvePointOut(BaseModel):
@@ -550,6 +559,8 @@ def _block(
         )
         if refused and not c.seeds:
             comparisons[-1].verdict = "refused: evaluated under different protocols"
+        if dep := st.start_dependence(dict(zip(c.seeds, c.diffs, strict=True)), start_scores):
+            comparisons[-1].start_rho, comparisons[-1].start_p = dep.rho, dep.p_value
     return MetricBlock(
         metric=spec.metric,
         label=spec.label(),
@@ -561,6 +572,20 @@ def _block(
         if start_scores
         else None,
         start_scores=start_scores,
+        dead_seeds=dead_seeds(arms, scores, start_scores),
+    )
+
+
+def dead_seeds(
+    arms: list[str], scores: dict[str, dict[int, float]], starts: dict[int, float]
+) -> list[int]:
+    """Seeds whose start and every arm's score are 0: nothing was learnt from that start by any
+    arm. They stay in the comparisons (a difference of 0 is a result) and are named beside them
+    rather than averaged away."""
+    return sorted(
+        seed
+        for seed, start in starts.items()
+        if start == 0 and all(scores[arm].get(seed) == 0 for arm in arms)
     )
 
 

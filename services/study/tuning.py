@@ -514,7 +514,9 @@ def tuning_report(spec: StudyConfig | None, study_id: int) -> list[ArmTuning]:
                 trials=[
                     TrialOut(
                         number=tr.number,
-                        params=dict(tr.params),
+                        # a grid point enqueued but not yet asked holds its settings as
+                        # Optuna's fixed_params until a trial runs it
+                        params=dict(tr.params or tr.system_attrs.get("fixed_params") or {}),
                         state=tr.state.name.lower(),
                         score=tr.value if tr.state.name == "COMPLETE" else None,
                         stopped_at=tr.user_attrs.get("stopped_at"),

@@ -43,6 +43,18 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
         hrefs = row.locator("td.runs a").evaluate_all("as => as.map(a => a.getAttribute('href'))")
         assert hrefs == [f"/runs/{arm.runs[s]}" for s in sorted(arm.runs)]
         assert f"{arm.mean.point:.3f}" in row.locator("td").nth(1).inner_text()
+    # Each seed's start beside each arm's score (folded under the primary table).
+    page.click("details.seeds-fold summary")
+    seeds = page.locator("table.study-seeds tbody tr")
+    assert seeds.evaluate_all("rs => rs.map(r => r.dataset.seed)") == [
+        str(s) for s in real_study.seeds
+    ]
+    for seed in real_study.seeds:
+        cells = page.locator(f"table.study-seeds tr[data-seed='{seed}'] td").all_inner_texts()
+        expected = [group.primary.start_scores[seed], *(a.scores[seed] for a in group.primary.arms)]
+        assert cells == [str(seed), *(f"{v:.3f}" for v in expected)]
+    assert HOSTILE_ARM in page.inner_text("table.study-seeds thead")
+    assert page.locator("p.dead-seeds").count() == (1 if group.primary.dead_seeds else 0)
     verdict = page.locator("table.study-comparisons.primary td.study-verdict")
     assert verdict.all_inner_texts() == ["not decided at 2 seeds"]
     # What a run of each arm took, from its stored update seconds.

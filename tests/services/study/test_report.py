@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from services.study import statistics as st
 from services.study.console import render_report
-from services.study.report import DEAL_SPACE, build_report, deal_key
+from services.study.report import DEAL_SPACE, build_report, dead_seeds, deal_key
 from services.study.schemas import MetricSpec
 from services.study.service import StudyNotFound
 from shared.db.models import EvalOutcome, Run, Update
@@ -74,6 +74,32 @@ def test_primary_intervals_are_the_statistics_of_the_stored_scores(report, tiny:
     assert c.p_value == st.sign_flip_p(c.diffs)[0]
     assert c.verdict == "not decided at 2 seeds"  # two seeds can never decide (p >= 0.5)
     assert len(c.runs) == 4
+
+
+def test_each_seeds_start_is_its_stored_evaluation_before_update_0(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    """The start per seed is the start evaluation the runs stored (one per seed: its arms share
+    their weights); dead seeds are those where it and every arm's score are 0."""
+    block = report.groups[0].primary
+    stored = _stored(tiny.study_id, "eval_start/success_rate")
+    for seed in tiny.seeds:
+        at_seed = {curves[seed][0][1] for curves in stored.values()}
+        assert at_seed == {block.start_scores[seed]}
+    expected = [
+        seed
+        for seed, start in block.start_scores.items()
+        if start == 0 and all(a.scores[seed] == 0 for a in block.arms)
+    ]
+    assert block.dead_seeds == expected
+    assert dead_seeds(
+        ["a", "b"],
+        {"a": {0: 0.0, 1: 0.0, 2: 0.0}, "b": {0: 0.0, 1: 0.5}},
+        {
+            0: 0.0,
+            1: 0.0,
+            2: 0.0,
+            3: 0.0,
+        },
+    ) == [0]  # 1: b learnt; 2: b has no run there; 3: no arm finished
 
 
 def test_deal_level_interval_reads_the_stored_outcomes(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
@@ -227,13 +253,28 @@ def test_markdown_section_keeps_hostile_names_as_text_in_their_cells(
     page = MarkdownIt("commonmark").enable("table").render(md)
     assert "<script" not in page and "<b>" not in page and "<img" not in page
     tables = re.findall(r"<table>.*?</table>", page, re.S)
-    assert len(tables) == 2  # the arms and the paired comparisons of the one group
+    assert len(tables) == 3  # the arms, each seed's start and scores, the paired comparisons
     for table in tables:
         widths = {
             len(re.findall(r"<t[hd][ >]", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)
         }
         assert len(widths) == 1, table
-    arms, comparisons = tables
+    arms, seeds, comparisons = tables
+    block = report.groups[0].primary
+    heads = [html.unescape(c) for c in re.findall(r"<th[^>]*>(.*?)</th>", seeds)]
+    assert heads == ["seed", "start", *(a.arm for a in block.arms)]
+    rows = [
+        [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", seeds, re.S)[1:]
+    ]
+    assert rows == [
+        [
+            str(seed),
+            f"{block.start_scores[seed]:.3f}",
+            *(f"{a.scores[seed]:.3f}" for a in block.arms),
+        ]
+        for seed in tiny.seeds
+    ]
     cells = [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", arms)]  # the text shown
     assert QUOTED_ARM in cells and HOSTILE_ARM in cells
     pairs = [html.unescape(c) for c in re.findall(r"<tr>\s*<td>(.*?)</td>", comparisons)]

@@ -22,6 +22,7 @@ from services.study.statistics import (
     sign_flip_p,
     sign_flip_power,
     sign_flip_seeds_for_power,
+    start_dependence,
 )
 
 
@@ -319,3 +320,37 @@ def test_the_deal_interval_resamples_distinct_deals_not_episodes() -> None:
     # Distinct deals each played once: clustering changes nothing.
     once = deal_seed_interval(outcomes, clusters=[list("abcdefgh")])
     assert once.width == pytest.approx(naive.width, abs=0.07)
+
+
+@pytest.mark.parametrize(
+    "starts, diffs",
+    [
+        ([0.0, 0.1, 0.3, 0.2, 0.5, 0.4], [0.05, 0.0, 0.2, 0.25, 0.3, 0.1]),
+        ([0.0, 0.0, 0.1, 0.2, 0.2, 0.3, 0.6], [0.1, -0.1, 0.0, 0.3, 0.1, -0.2, 0.4]),  # ties
+    ],
+)
+def test_start_dependence_p_is_the_enumeration_of_every_pairing(
+    starts: list[float], diffs: list[float]
+) -> None:
+    """Spearman's rho of (start, A - B) with the exact permutation p: every pairing of the starts
+    with the differences counted by hand (two-sided: twice the smaller tail)."""
+    dep = start_dependence(dict(enumerate(diffs)), dict(enumerate(starts)))
+    assert dep is not None and dep.n == len(starts)
+    rho = stats.spearmanr(starts, diffs).statistic
+    assert dep.rho == pytest.approx(rho)
+    null = np.array([stats.spearmanr(p, diffs).statistic for p in itertools.permutations(starts)])
+    eps = 1e-12
+    tails = (np.mean(null >= rho - eps), np.mean(null <= rho + eps))
+    assert dep.p_value == pytest.approx(min(1.0, 2 * min(tails)))
+
+
+def test_start_dependence_pairs_seeds_and_needs_three_varying_ones() -> None:
+    # seeds pair by key, not by order: a difference that rises with the start, given shuffled
+    starts = {4: 0.4, 1: 0.1, 3: 0.3, 0: 0.0, 2: 0.2, 9: 0.9}
+    diffs = {0: -0.2, 3: 0.1, 1: -0.1, 2: 0.0, 4: 0.2, 7: 5.0}  # seed 7: no start, left out
+    dep = start_dependence(diffs, starts)
+    assert dep is not None and dep.rho == pytest.approx(1.0) and dep.n == 5
+    assert dep.p_value == pytest.approx(2 / math.factorial(5))
+    assert start_dependence({0: 0.1, 1: 0.2}, {0: 0.0, 1: 0.3}) is None  # 2 seeds
+    assert start_dependence({0: 0.1, 1: 0.2, 2: 0.3}, {0: 0.0, 1: 0.0, 2: 0.0}) is None  # flat
+    assert start_dependence({0: 0.0, 1: 0.0, 2: 0.0}, {0: 0.1, 1: 0.2, 2: 0.3}) is None

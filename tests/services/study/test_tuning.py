@@ -542,6 +542,12 @@ def test_a_half_done_stage_carried_to_another_store_goes_on_where_it_was(pg_url:
         target = service.create_study(s, cfg.model_copy(update={"name": "carried-to"}), "b").id
     lines = install_stage(cfg, target, check_stage(cfg, carried))
     assert lines == ["tuning gtr: 1 finished trials carried, no choice yet"]
+    (arm,) = tuning.tuning_report(cfg, target)  # the unfinished grid point waits, settings shown
+    assert [(t.number, t.params, t.state) for t in arm.trials] == [
+        (0, {"lr": 0.001}, "complete"),
+        (1, {"lr": 0.01}, "waiting"),
+    ]
+    assert tuning.trial_text(arm.trials[1]) == "trial 1 {lr: 0.01}: waiting"
     (asked,) = _poll(target)  # the grid point trial 1 never finished, and nothing else
     assert asked.info["tuning"]["trial"] == 1 and asked.config["train"]["lr"] == 0.01
     with session_scope() as s:

@@ -1,0 +1,90 @@
+"""Study v4's state carried in git (docs/results/v4/study.json.gz, written by `gtr study export`
+where it ran; issue 56): the study runs across sessions, and each session goes on from this
+bundle. It imports into a fresh embedded store as a user would: its tuning stage arrives with
+every finished trial at a point of the arm's declared grid (so the study here does not tune
+again and cannot mix two settings in one arm), the warm starts of the seeds still to train are
+filed, and every finished run is a cell of the grid configs/studies/v4.toml declares, trained
+with the settings its arm's tuning chose."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from services.study.bundle import read_bundle
+from services.study.cli import load_study
+from services.study.service import cell_of
+from services.study.tuning import apply_selection, grid_points
+from shared.db.models import Run
+from shared.db.session import session_scope
+from shared.schemas import RunConfig
+from tests.e2e.helpers import ROOT
+from tests.services.study.tiny_study import gtr_cli
+
+BUNDLE = ROOT / "docs" / "results" / "v4" / "study.json.gz"
+V4 = ROOT / "configs" / "studies" / "v4.toml"
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_carried_v4_study_goes_on_where_it_stopped(tmp_path: Path) -> None:
+    cfg = load_study(V4)
+    assert cfg.tuning is not None
+    bundle = read_bundle(BUNDLE)
+    assert bundle["study"]["name"] == cfg.name
+    env = {"GTR_DATA_DIR": str(tmp_path), "GTR_DATABASE_URL": None, "GTR_REDIS_URL": None}
+    got = gtr_cli("study", "import", str(BUNDLE), env=env)
+    assert got.returncode == 0, got.stderr
+    assert "warning" not in got.stderr, got.stderr
+    assert "" not in got.stdout.splitlines(), got.stdout  # no stray output between its lines
+
+    # The tuning stage: every finished trial carried, each at a point of its arm's grid, no
+    # point tried twice; an arm's choice, once made, is one of its completed trials.
+    carried = {a["arm"]: a for a in bundle["tuning"]}
+    assert set(carried) == set(cfg.tuning.arms)
+    for arm, knobs in cfg.tuning.arms.items():
+        trials = [t for t in carried[arm]["trials"] if t["state"] in ("complete", "pruned")]
+        assert f"tuning {arm}: {len(trials)} finished trials carried" in got.stdout
+        points = [json.dumps(t["params"], sort_keys=True) for t in trials]
+        grid = {json.dumps(p, sort_keys=True) for p in grid_points(knobs)}
+        assert set(points) <= grid and len(points) == len(set(points)), arm
+        chosen = carried[arm]["selected"]
+        if chosen is not None:
+            best = [t for t in trials if t["number"] == chosen["trial"]]
+            assert best and best[0]["state"] == "complete" and best[0]["params"] == chosen["params"]
+    report = gtr_cli("study", "report", "1", "--json", env=env)
+    assert report.returncode == 0, report.stderr
+    tuning = {a["arm"]: a for a in json.loads(report.stdout)["tuning"]}
+    for arm, a in carried.items():
+        finished = {t["number"]: t["params"] for t in a["trials"] if t["state"] != "running"}
+        shown = {t["number"]: t["params"] for t in tuning[arm]["trials"] if t["number"] in finished}
+        assert shown == finished, arm
+
+    # The warm starts of the seeds still to train (tuning seeds included) are filed here, so the
+    # next session's runs of a seed start from the weights its finished runs started from. A
+    # change to the warm-start recipe or its code while a seed is unfinished fails here.
+    warm = [w for w in bundle["warm_starts"] if w["entry"]]
+    assert warm and got.stdout.count(" is in this cache (") == len(warm), got.stdout
+    tuning_seeds = {w["cell"]["seed"] for w in warm} & set(cfg.tuning.seeds)
+    assert tuning_seeds == set(cfg.tuning.seeds) or all(a["selected"] for a in carried.values())
+
+    # Every finished grid run is a cell of the declared grid, trained to its last update with
+    # the config that cell gets once each arm carries its tuning's choice (less the base's
+    # init.checkpoint, an absolute path of the clone it ran in, unread by a warm start).
+    with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
+        runs = s.scalars(select(Run)).all()
+    assert len(runs) == len(bundle["runs"])
+    if runs:  # the grid starts only once every arm has its choice
+        chosen = {a: carried[a]["selected"]["params"] for a in carried}
+        tuned = apply_selection(cfg, chosen)
+        cells = set(cfg.cells())
+        unread = {"init": {"checkpoint"}}
+        for run in runs:
+            cell = cell_of(run)
+            assert cell in cells, cell
+            assert run.status == "completed" and run.updates_done == run.num_updates
+            ran, declared = RunConfig.model_validate(run.config), tuned.run_config(cell)
+            assert ran.model_dump(exclude=unread) == declared.model_dump(exclude=unread), cell
