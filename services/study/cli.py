@@ -260,18 +260,28 @@ def _out_option(help: str) -> Any:
     default=None,
     help="The metric whose curves to draw (default: the study's primary metric).",
 )
-def study_figure(study_id: int, out: Path, metric: str | None) -> None:
+@click.option(
+    "--from-start",
+    is_flag=True,
+    help="Draw each arm's change from its seeds' starts (the primary metric less each seed's "
+    "start evaluation), for a study whose seeds start from different weights.",
+)
+def study_figure(study_id: int, out: Path, metric: str | None, from_start: bool) -> None:
     """Draw a study's learning curves (mean over seeds, 95 % band) as one PNG."""
     from services.study.figure import NoCurve, draw_curves
 
     report = _stored_report(study_id)
     _check_folder(out)
-    chosen = metric or next((g.primary.metric for g in report.groups), report.primary)
+    primary = next((g.primary.metric for g in report.groups), report.primary)
+    chosen = metric or primary
+    if from_start and chosen != primary:
+        raise click.ClickException(f"--from-start draws the primary metric only ({primary})")
     try:
-        panels = draw_curves(report, chosen, out)
+        panels = draw_curves(report, chosen, out, from_start=from_start)
     except NoCurve as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"study {study_id}: {panels} panel{'' if panels == 1 else 's'} of {chosen} -> {out}")
+    what = f"{chosen} from the start" if from_start else chosen
+    click.echo(f"study {study_id}: {panels} panel{'' if panels == 1 else 's'} of {what} -> {out}")
 
 
 @study.command("export")

@@ -199,6 +199,12 @@ class GroupReport(BaseModel):
     primary: MetricBlock
     secondary: list[MetricBlock] = Field(description="Secondary and collapse metrics")
     curves: list[Curve]
+    change_curves: list[Curve] = Field(
+        default_factory=list,
+        description="The primary metric per arm less each seed's start (a seed's curve minus its "
+        "own start evaluation): the arm's change from where its seed began, a band over seeds. "
+        "Empty where no run evaluated its start",
+    )
     deal_space: DealSpace
     split_starts: list[int] = Field(
         default_factory=list,
@@ -427,6 +433,7 @@ def _group(
         primary=judged[0],
         secondary=judged[1:],
         curves=[_curve(arm, spec.metric, cell_runs, curves) for spec, _ in blocks for arm in arms],
+        change_curves=_change_curves(arms, blocks[0][0].metric, cell_runs, curves),
         deal_space=_deal_space(session, task, list(cell_runs.values())),
         split_starts=split_starts(done),
         cost=[_cost(arm, done, curves) for arm in arms],
@@ -714,12 +721,20 @@ def _curve(
     metric: str,
     cell_runs: dict[tuple[str, int], Run],
     curves: dict[int, dict[str, list[tuple[int, float]]]],
+    less_start: str | None = None,
 ) -> Curve:
-    per_seed = {  # a failed or cancelled run's partial curve would bend the band
-        seed: curves.get(run.id, {}).get(metric, [])
-        for (a, seed), run in cell_runs.items()
-        if a == arm and run.status in (RUN_DONE, "running", "queued")
-    }
+    """The arm's band over seeds; with ``less_start`` (the start's metric) each seed's curve
+    less its own start, a seed without a start evaluation left out."""
+    per_seed = {}
+    for (a, seed), run in cell_runs.items():
+        # a failed or cancelled run's partial curve would bend the band
+        if a != arm or run.status not in (RUN_DONE, "running", "queued"):
+            continue
+        points = curves.get(run.id, {}).get(metric, [])
+        if less_start is not None:
+            begun = curves.get(run.id, {}).get(less_start, [])
+            points = [(u, v - begun[0][1]) for u, v in points] if begun else []
+        per_seed[seed] = points
     band = st.curve_band({s: c for s, c in per_seed.items() if c})
     return Curve(
         arm=arm,
@@ -728,6 +743,19 @@ def _curve(
             CurvePointOut(update=p.update, mean=p.mean, low=p.low, high=p.high, n=p.n) for p in band
         ],
     )
+
+
+def _change_curves(
+    arms: list[str],
+    metric: str,
+    cell_runs: dict[tuple[str, int], Run],
+    curves: dict[int, dict[str, list[tuple[int, float]]]],
+) -> list[Curve]:
+    key = start_key(metric)
+    if key is None:
+        return []
+    out = [_curve(arm, metric, cell_runs, curves, less_start=key) for arm in arms]
+    return out if any(c.points for c in out) else []
 
 
 def deal_key(task: str, state: dict[str, Any]) -> str | None:

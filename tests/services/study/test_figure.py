@@ -35,6 +35,11 @@ def test_the_figure_draws_each_group_the_same_from_the_same_rows(
     other = gtr_cli("study", "figure", sid, "--out", str(relevance), "--metric", "probe_relevance")
     assert other.returncode == 0, other.stderr
     assert relevance.read_bytes() != first.read_bytes()
+    change = tmp_path / "c.png"  # each arm's change from its seeds' starts
+    got = gtr_cli("study", "figure", sid, "--out", str(change), "--from-start")
+    assert got.returncode == 0, got.stderr
+    assert f"1 panel of eval/success_rate from the start -> {change}" in got.stdout
+    assert change.read_bytes() not in (first.read_bytes(), relevance.read_bytes())
 
 
 def test_an_arm_named_with_math_markup_is_drawn_as_written(
@@ -71,6 +76,10 @@ def test_a_missing_study_metric_or_folder_is_one_message(
             "has no point of nope/<b>",
         ),
         ([sid, "--out", str(tmp_path / "no" / "x.png")], "no folder"),
+        (
+            [sid, "--out", str(tmp_path / "x.png"), "--from-start", "--metric", "probe_relevance"],
+            "--from-start draws the primary metric only (eval/success_rate)",
+        ),
     ]
     for args, says in cases:
         got = gtr_cli("study", "figure", *args)

@@ -102,6 +102,21 @@ def test_each_seeds_start_is_its_stored_evaluation_before_update_0(report, tiny:
     ) == [0]  # 1: b learnt; 2: b has no run there; 3: no arm finished
 
 
+def test_change_curves_band_each_seeds_curve_less_its_own_start(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
+    (group,) = report.groups
+    values = _stored(tiny.study_id, "eval/success_rate")
+    starts = _stored(tiny.study_id, "eval_start/success_rate")
+    assert [c.arm for c in group.change_curves] == group.arms
+    for c in group.change_curves:
+        per_seed = {
+            seed: [(u, v - starts[c.arm][seed][0][1]) for u, v in curve]
+            for seed, curve in values[c.arm].items()
+        }
+        expected = [(p.update, p.mean, p.low, p.high, p.n) for p in st.curve_band(per_seed)]
+        assert [(p.update, p.mean, p.low, p.high, p.n) for p in c.points] == expected
+        assert c.metric == "eval/success_rate" and c.points
+
+
 def test_deal_level_interval_reads_the_stored_outcomes(report, tiny: TinyStudy) -> None:  # type: ignore[no-untyped-def]
     (group,) = report.groups
     with session_scope() as s:
