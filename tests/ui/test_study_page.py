@@ -74,6 +74,9 @@ def test_study_page_shows_the_report(page, base_url: str, real_study: TinyStudy)
     primary_chart = page.locator(".study-chart[data-role=primary]")
     assert primary_chart.count() == 1
     assert primary_chart.locator("canvas").evaluate("c => c.width * c.height") > 10_000
+    change = page.locator(".study-chart[data-role=change]")  # each arm's change from the start
+    assert change.count() == 1 and group.change_curves
+    assert "change from each seed's start" in change.inner_text()
     shot(page, "study-page")
     # One run of the runs table opens.
     page.click(f"#study-runs a[href='/runs/{report.runs[0].run_id}']")

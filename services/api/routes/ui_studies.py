@@ -16,7 +16,7 @@ from services.api.routes.search import _csv
 from services.api.routes.ui import PAGE_SIZE, Db, User, not_found_page, render
 from services.study import kept, service
 from services.study.outputs import ComparisonOut
-from services.study.report import MetricBlock, StudyReport
+from services.study.report import Curve, MetricBlock, StudyReport
 from shared.db.models import ApiToken
 
 router = APIRouter(include_in_schema=False)
@@ -149,27 +149,29 @@ def study_curves(study_id: StudyId, db: Db, me: User) -> Response:
                     {"metric": b.metric, "label": b.label, "role": b.role}
                     for b in [g.primary, *g.secondary]
                 ],
-                "curves": [
-                    {
-                        "arm": c.arm,
-                        "metric": c.metric,
-                        "points": [
-                            {
-                                "update": p.update,
-                                "mean": round(p.mean, 4),
-                                "low": None if p.low is None else round(p.low, 4),
-                                "high": None if p.high is None else round(p.high, 4),
-                            }
-                            for p in c.points
-                        ],
-                    }
-                    for c in g.curves
-                ],
+                "curves": [_curve_json(c) for c in g.curves],
+                "change_curves": [_curve_json(c) for c in g.change_curves],
                 "arms": g.arms,
             }
             for i, g in enumerate(report.groups)
         ]
     )
+
+
+def _curve_json(c: Curve) -> dict[str, Any]:
+    return {
+        "arm": c.arm,
+        "metric": c.metric,
+        "points": [
+            {
+                "update": p.update,
+                "mean": round(p.mean, 4),
+                "low": None if p.low is None else round(p.low, 4),
+                "high": None if p.high is None else round(p.high, 4),
+            }
+            for p in c.points
+        ],
+    }
 
 
 def _compare_url(run_ids: list[int]) -> str:

@@ -1,5 +1,6 @@
 // Study page: per metric, one chart with each arm's mean curve over seeds and its 95 % band
-// (uPlot bands between the band's high and low series), in charts.js's look.
+// (uPlot bands between the band's high and low series), in charts.js's look; beside the primary
+// metric's, each arm's change from its seeds' own starts (the report's change curves).
 (() => {
   const {COLORS, HEIGHT, ticks, resizeOnWindow} = gtr.charts;
   const charts = [];
@@ -53,6 +54,12 @@
       root.append(box);
       const unit = curves.every(c => c.points.every(p => p.mean >= 0 && p.mean <= 1 && (p.low === null || p.low >= 0) && (p.high === null || p.high <= 1)));
       charts.push({box, plot: chart(box, `${role}: ${m.label}`, curves, unit)});
+      const change = (g.change_curves || []).filter(c => c.metric === m.metric && c.points.length);
+      if (m.role === 'primary' && change.length) {  // each seed's curve less its own start
+        const from = gtr.el('div', {class: 'chart study-chart change', 'data-metric': m.metric, 'data-role': 'change'});
+        root.append(from);
+        charts.push({box: from, plot: chart(from, `change from each seed's start: ${m.label}`, change, false)});
+      }
     }
     if (!root.children.length) root.append(gtr.el('p', {class: 'muted empty'}, 'No run of this task has recorded an update yet.'));
     root.dataset.charts = String(root.querySelectorAll('.study-chart').length);
