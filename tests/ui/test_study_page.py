@@ -103,6 +103,10 @@ def test_study_exports_and_team_scope(base_url: str, real_study: TinyStudy) -> N
         runs = [r for r in rows if r["kind"] == "run" and r["metric"] == "eval/success_rate"]
         assert len(runs) == 4
         assert {r["arm"] for r in runs} == {QUOTED_ARM, HOSTILE_ARM}
+        starts = [r for r in rows if r["kind"] == "start" and r["metric"] == "eval/success_rate"]
+        stored = data["groups"][0]["primary"]["start_scores"]  # the report's, as JSON
+        assert {r["seed"]: float(r["value"]) for r in starts} == stored
+        assert len(starts) == len(real_study.seeds)
         verdicts = [r["verdict"] for r in rows if r["kind"] == "paired difference"]
         assert "not decided at 2 seeds" in verdicts
         page = c.get(f"/studies/{sid}")

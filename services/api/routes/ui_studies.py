@@ -200,7 +200,8 @@ def study_json(study_id: StudyId, db: Db, me: User) -> Response:
 
 @router.get("/studies/{study_id}/report.csv")
 def study_csv(study_id: StudyId, db: Db, me: User) -> Response:
-    """One row per run score, per arm summary and per comparison, every metric (tidy CSV)."""
+    """One row per run score, per seed's start, per arm summary and per comparison, every
+    metric (tidy CSV)."""
     report = _report(db, me, study_id)
     if report is None:
         return Response(f"study {study_id} not found\n", 404, media_type="text/plain")
@@ -216,6 +217,8 @@ def _csv_rows(report: StudyReport) -> Iterator[dict[str, Any]]:
         for block in [g.primary, *g.secondary]:
             head = {"task": g.task, "variant": g.variant, "metric": block.metric}
             head["role"] = block.role
+            for seed, start in sorted(block.start_scores.items()):  # before update 0, shared
+                yield {**head, "kind": "start", "seed": seed, "value": start}
             for a in block.arms:
                 for seed, score in sorted(a.scores.items()):
                     run = a.runs.get(seed)
