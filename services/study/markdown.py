@@ -16,7 +16,7 @@ from services.study.console import cost_items, interval, need_text, num, p_text
 from services.study.outputs import ComparisonOut
 from services.study.questions import AxisReport, TrendReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
-from services.study.tuning import report_lines as tuning_lines
+from services.study.tuning import ArmTuning, choice_text, outcome_text, params_text
 
 # Markdown's inline markup characters; `_` only where it could open or close emphasis (GFM
 # leaves an underscore between two word characters alone, so `sft_only` stays readable).
@@ -50,9 +50,28 @@ def render_markdown(report: StudyReport) -> str:
     for tr in report.trends:
         lines += ["", *_trend(tr)]
     if report.tuning:  # the tuning stage: every trial and the choice per arm
-        lines += ["", "### Tuning", ""]
-        lines += [f"- {text(line.strip())}" for line in tuning_lines(report.tuning)]
+        lines += ["", "### Tuning", "", *_tuning(report.tuning)]
     return "\n".join(lines) + "\n"
+
+
+def _tuning(arms: list[ArmTuning]) -> list[str]:
+    """Every trial of the stage as one table, each arm's choice in bold, then the choices."""
+    pairs = dict.fromkeys((a.task, a.metric) for a in arms)  # one pair unless a file says more
+    stages = "; ".join(f"on {text(task)} by {text(metric)}" for task, metric in pairs)
+    out = [
+        f"Each arm's settings are chosen {stages}: its best completed trial (in bold). A pruned "
+        "trial was stopped at the update given, its curve behind the others'.",
+        "",
+        _row(["arm", "trial", "settings", "result"]),
+        _row(["---", "---:", "---", "---"]),
+    ]
+    for a in arms:
+        for tr in a.trials:
+            cells = [text(a.arm), str(tr.number), text(params_text(tr.params)), outcome_text(tr)]
+            if tr.number == a.selected_trial:
+                cells = [f"**{c}**" for c in cells]
+            out.append(_row(cells))
+    return [*out, "", *(f"- {text(a.arm)}: {text(choice_text(a))}" for a in arms)]
 
 
 def _group(g: GroupReport) -> list[str]:

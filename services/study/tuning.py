@@ -534,28 +534,38 @@ def tuning_report(spec: StudyConfig | None, study_id: int) -> list[ArmTuning]:
 
 def trial_text(tr: TrialOut) -> str:
     """e.g. 'trial 1 {sft_coef: 2.0}: pruned at update 1' or '...: score 0.25'."""
-    params = ", ".join(
-        f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}" for k, v in tr.params.items()
+    return f"trial {tr.number} {{{params_text(tr.params)}}}: {outcome_text(tr)}"
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """'sft_coef: 2, lr: 0.0001'."""
+    return ", ".join(
+        f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}" for k, v in params.items()
     )
+
+
+def outcome_text(tr: TrialOut) -> str:
+    """'score 0.25', 'pruned at update 1', or the trial's state (running, waiting, fail)."""
     if tr.state == "complete":
-        how = f"score {tr.score:.4g}" if tr.score is not None else "complete"
-    elif tr.state == "pruned":
-        how = f"pruned at update {tr.stopped_at if tr.stopped_at is not None else tr.last_update}"
-    else:
-        how = tr.state
-    return f"trial {tr.number} {{{params}}}: {how}"
+        return f"score {tr.score:.4g}" if tr.score is not None else "complete"
+    if tr.state == "pruned":
+        return f"pruned at update {tr.stopped_at if tr.stopped_at is not None else tr.last_update}"
+    return tr.state
 
 
 def report_lines(arms: list[ArmTuning]) -> list[str]:
     """The tuning stage as the terminal report and the Markdown section list it."""
     lines = []
     for a in arms:
-        if a.selected is None:
-            chosen = "nothing selected yet"
-        elif a.selected_trial is None:
-            chosen = "no trial completed: the arm keeps its own settings"
-        else:
-            chosen = f"selected trial {a.selected_trial} {a.selected}"
-        lines.append(f"tuning {a.arm} on {a.task} by {a.metric}: {chosen}")
+        lines.append(f"tuning {a.arm} on {a.task} by {a.metric}: {choice_text(a)}")
         lines += [f"  {trial_text(tr)}" for tr in a.trials]
     return lines
+
+
+def choice_text(a: ArmTuning) -> str:
+    """What the arm trains with after its stage, in words."""
+    if a.selected is None:
+        return "nothing selected yet"
+    if a.selected_trial is None:
+        return "no trial completed: the arm keeps its own settings"
+    return f"selected trial {a.selected_trial} {a.selected}"

@@ -262,8 +262,10 @@ def test_gtr_study_run_tunes_prunes_and_runs_the_grid_with_the_choice(
         study = s.get(Study, 1)
         assert study is not None and study.spec["arms"]["gtr"]["train"]["lr"] == 0.001
     text = gtr_cli("study", "report", "1", "--markdown", env=embedded.env).stdout
-    assert "### Tuning" in text and "selected trial 0" in text
-    assert text.count("- trial ") == 2
+    assert "### Tuning" in text and "- gtr: selected trial 0 {'lr': 0.001}" in text
+    # the tuning table: a row per trial, the chosen one in bold
+    assert "| **gtr** | **0** | **lr: 0.001** | **score " in text
+    assert "| gtr | 1 | lr: 0.01 | pruned at update 0 |" in text
 
 
 @pytest.mark.slow
