@@ -40,6 +40,11 @@ def p_text(c: ComparisonOut) -> str:
     return "–" if c.p_value is None else f"{c.p_value:.4f}" + ("" if c.exact else " ~")
 
 
+def rho_text(c: ComparisonOut) -> str:
+    """Spearman's rho of the seed's start against A − B, with its p: '+0.42 (0.031)'."""
+    return "–" if c.start_rho is None else f"{c.start_rho:+.2f} ({c.start_p:.3f})"
+
+
 def need_text(c: ComparisonOut) -> str:
     return "–" if c.seeds_for_power is None else str(c.seeds_for_power)
 
@@ -97,7 +102,6 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
         t.add_column("ρ(start, A − B) (p)", justify="right")
     for c in block.comparisons:
         pair = Text(c.a) + Text(" vs ") + Text(c.b)
-        rho = "–" if c.start_rho is None else f"{c.start_rho:+.2f} ({c.start_p:.3f})"
         t.add_row(
             pair,
             interval(c.mean_diff),
@@ -106,7 +110,7 @@ def _comparisons_table(block: MetricBlock) -> Table | None:
             _verdict(c),
             need_text(c),
             interval(c.p_improvement, 2),
-            *([rho] if by_start else []),
+            *([rho_text(c)] if by_start else []),
         )
     return t
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import re
 
-from services.study.console import cost_items, interval, need_text, num, p_text
+from services.study.console import cost_items, interval, need_text, num, p_text, rho_text
 from services.study.outputs import ComparisonOut
 from services.study.questions import AxisReport, TrendReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
@@ -190,8 +190,7 @@ def _comparisons(comparisons: list[ComparisonOut]) -> list[str]:
         holm = "–" if c.p_holm is None else f"{c.p_holm:.4f}"
         cells = [pair, interval(c.mean_diff), p_text(c), holm, verdict, need_text(c)]
         if by_start:
-            rho = c.start_rho
-            cells.append("–" if rho is None else f"{rho:+.2f} ({c.start_p:.3f})")
+            cells.append(rho_text(c))
         rows.append(_row(cells))
     return rows
 
