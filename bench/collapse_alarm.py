@@ -1,6 +1,7 @@
 """Does the collapse alarm fire on a real PPO collapse? EZPoints, plain PPO (RL4VLM) at a raised
-learning rate, from the reproduction's weak warm start (docs/results.md: at lr 3e-4 RL4VLM's probe
-relevance falls to 0.00 within 4 updates). Optionally a GTR run beside it, where it should not.
+learning rate, from the reproduction's weak warm start (an earlier docs/results.md, in git
+history: at lr 3e-4 RL4VLM's probe relevance falls to 0.00 within 4 updates).
+Optionally a GTR run beside it, where it should not.
 
     python bench/collapse_alarm.py [--arms rl4vlm gtr] [--updates 4] [--lr 3e-4] [--out DIR]
 

@@ -1,5 +1,6 @@
 """`gtr study report ID --markdown`: the study's verdicts as a Markdown section, for a results page
-kept in git (docs/results.md embeds v3's, and a test regenerates it from the committed bundle).
+kept in git (docs/results.md embeds v4's, docs/results-v3.md v3's; tests regenerate each from its
+committed bundle).
 
 It holds what the stored rows decide and nothing that moves while they do not: the primary
 metric's table and paired comparisons per task and variant, the declared axis and trends, and
@@ -71,7 +72,12 @@ def _tuning(arms: list[ArmTuning]) -> list[str]:
             if tr.number == a.selected_trial:
                 cells = [f"**{c}**" for c in cells]
             out.append(_row(cells))
-    return [*out, "", *(f"- {text(a.arm)}: {text(choice_text(a))}" for a in arms)]
+    out.append("")
+    for a in arms:
+        out.append(f"- {text(a.arm)}: {text(choice_text(a))}")
+        # a choice at a grid's end: the arm may not be at its best (tuning.grid_edges)
+        out += [f"  - at the grid's edge: {text(e)}; its best may lie beyond" for e in a.edges]
+    return out
 
 
 def _group(g: GroupReport) -> list[str]:

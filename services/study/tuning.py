@@ -495,6 +495,11 @@ class ArmTuning(BaseModel):
     trials: list[TrialOut]
     selected: dict[str, Any] | None = Field(description="The chosen settings; None: none yet")
     selected_trial: int | None
+    edges: list[str] = Field(
+        default_factory=list,
+        description="The chosen settings that sit at an end of a searched grid of 3 or more "
+        "values, in words: the arm's best may lie beyond what was searched",
+    )
 
 
 def tuning_report(spec: StudyConfig | None, study_id: int) -> list[ArmTuning]:
@@ -527,8 +532,28 @@ def tuning_report(spec: StudyConfig | None, study_id: int) -> list[ArmTuning]:
                 ],
                 selected=chosen.get("params"),
                 selected_trial=chosen.get("trial"),
+                edges=grid_edges(spec.tuning.arms[arm], chosen.get("params") or {}),
             )
         )
+    return out
+
+
+def grid_edges(knobs: dict[str, KnobSpec], chosen: dict[str, Any]) -> list[str]:
+    """The chosen values at the smallest or largest of 3 or more numeric choices, e.g. 'lr 0.001
+    is the largest of the 4 values searched'. A grid that could have found an interior best and
+    did not leaves the arm's best possibly beyond it, which a reader of "each arm at its best"
+    must know. Two-value and bool knobs are always at an end (nothing to say), and a range's
+    sampled value is not a grid point."""
+    out = []
+    for knob, value in chosen.items():
+        spec = knobs.get(knob)
+        if spec is None or spec.choices is None or isinstance(value, bool):
+            continue
+        grid = sorted({float(c) for c in spec.choices if not isinstance(c, bool)})
+        if len(grid) < 3 or float(value) not in (grid[0], grid[-1]):
+            continue
+        end = "largest" if float(value) == grid[-1] else "smallest"
+        out.append(f"{knob} {value:g} is the {end} of the {len(grid)} values searched")
     return out
 
 
@@ -558,6 +583,7 @@ def report_lines(arms: list[ArmTuning]) -> list[str]:
     lines = []
     for a in arms:
         lines.append(f"tuning {a.arm} on {a.task} by {a.metric}: {choice_text(a)}")
+        lines += [f"  at the grid's edge: {e}: its best may lie beyond" for e in a.edges]
         lines += [f"  {trial_text(tr)}" for tr in a.trials]
     return lines
 

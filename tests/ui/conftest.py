@@ -97,3 +97,22 @@ def v3_study(pg_url: str) -> tuple[int, str]:
         study_id = import_study(s, bundle, team="v3-ui").study_id
         token = create_token(s, "v3-ui-read", "read", "v3-ui")[1]
     return study_id, token
+
+
+@pytest.fixture(scope="session")
+def v4_study(pg_url: str) -> tuple[int, str]:
+    """The v4 study (docs/results/v4/study.json.gz: its tuning stage and the grid's finished
+    runs) imported as `gtr study import` does (the study, then its stage into this store's
+    Optuna storage) into a team of its own, and a read token of that team."""
+    from services.api.auth import create_token
+    from services.study.bundle import import_study, read_bundle
+    from services.study.tuning_carry import install_stage
+    from shared.db.session import session_scope
+
+    bundle = read_bundle(Path(__file__).resolve().parents[2] / "docs/results/v4/study.json.gz")
+    with session_scope(pg_url) as s:
+        got = import_study(s, bundle, team="v4-ui")
+        token = create_token(s, "v4-ui-read", "read", "v4-ui")[1]
+    assert got.spec is not None
+    install_stage(got.spec, got.study_id, got.tuning)
+    return got.study_id, token

@@ -68,3 +68,22 @@ def test_v3_study_answers_first(page, base_url: str, v3_study: tuple[int, str]) 
     assert page.locator("h1").inner_text() == f"Compare {n} runs"
     assert page.locator("table.grid tbody tr").count() == n
     assert not page.js_errors
+
+
+def test_v4_study_page_shows_its_tuning_and_a_choice_at_a_grids_edge(  # type: ignore[no-untyped-def]
+    page, base_url: str, v4_study: tuple[int, str]
+) -> None:
+    """The v4 study's tuning stage, as carried in its bundle: every trial of each arm, the
+    choice marked, and BC's choice (lr 1e-3, the largest of its 4 learning rates) flagged as at
+    its grid's edge, where its best may lie beyond: "each arm at its best" is then in doubt."""
+    sid, token = v4_study
+    login(page, base_url, token, f"/studies/{sid}")
+    section = page.locator("#tuning")
+    assert section.locator("table.tuning-trials tbody tr").count() == 32  # 8 per arm
+    assert section.locator("tr.selected").count() == 4  # each arm's choice
+    edges = section.locator("p.tuning-edge")
+    assert edges.count() == 1
+    assert "lr 0.001 is the largest of the 4 values searched" in edges.inner_text()
+    bc = section.locator("h3").filter(has_text="bc")
+    assert "selected trial 7" in (bc.text_content() or "")
+    assert not page.js_errors

@@ -30,7 +30,7 @@ from sqlalchemy import select, text
 from services.api.app import create_app
 from services.api.auth import COOKIE_NAME, create_token
 from services.study import service, tuning
-from services.study.schemas import StudyConfig
+from services.study.schemas import KnobSpec, StudyConfig
 from shared.db.models import Run, Study
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
@@ -622,3 +622,24 @@ def test_a_bundle_exported_mid_stage_carries_the_tuning_seeds_warm_start(
         lines = install_warm_starts(s, bundle, got.study_id)
     assert lines == [f"the warm start of numberline seed 100 is in this cache ({key[:12]}): "
                      "its seed's next runs reuse it"]  # fmt: skip
+
+
+def test_a_choice_at_an_end_of_a_grid_of_three_or_more_values_is_named() -> None:
+    """Each arm "at its best" is in doubt where its choice sits at an end of a grid that could
+    have found an interior best; a two-value or bool knob, or a sampled range, says nothing."""
+    knobs = {
+        "lr": KnobSpec(choices=[3e-5, 1e-4, 3e-4, 1e-3]),
+        "sft_epochs": KnobSpec(choices=[2, 4]),
+        "clip_per_loss": KnobSpec(choices=[False, True]),
+        "sft_coef": KnobSpec(low=0.5, high=4.0),
+    }
+    at_ends = {"lr": 1e-3, "sft_epochs": 4, "clip_per_loss": True, "sft_coef": 4.0}
+    assert tuning.grid_edges(knobs, at_ends) == ["lr 0.001 is the largest of the 4 values searched"]
+    low = tuning.grid_edges(knobs, {"lr": 3e-5})
+    assert low == ["lr 3e-05 is the smallest of the 4 values searched"]
+    assert tuning.grid_edges(knobs, {"lr": 1e-4, "sft_epochs": 2}) == []
+    # an integer grid given in any order, its choice at the low end
+    ints = {"sft_epochs": KnobSpec(choices=[4, 1, 2])}
+    assert tuning.grid_edges(ints, {"sft_epochs": 1}) == [
+        "sft_epochs 1 is the smallest of the 3 values searched"
+    ]

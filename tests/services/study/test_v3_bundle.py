@@ -1,7 +1,7 @@
 """The study v3 runs carried in git (docs/results/v3/study.json.gz, written by `gtr study export`
 where they ran): the bundle imports into a fresh embedded store as a user would, every run in
 it is a finished run of the grid configs/studies/v3.toml declares, with the config that cell
-gets, and the report rebuilds from it: docs/results.md's verdict section is that report, as
+gets, and the report rebuilds from it: docs/results-v3.md's verdict section is that report, as
 `gtr study report --markdown` prints it. A session that continues the study starts from here."""
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from shared.db.models import Run
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
 from tests.e2e.helpers import ROOT
-from tests.services.study.tiny_study import gtr_cli
+from tests.services.study.tiny_study import gtr_cli, page_section
 
 BUNDLE = ROOT / "docs" / "results" / "v3" / "study.json.gz"
 V3 = ROOT / "configs" / "studies" / "v3.toml"
-RESULTS = ROOT / "docs" / "results.md"
-BEGIN = "<!-- begin: gtr study report 1 --markdown, from docs/results/v3/study.json.gz -->"
-END = "<!-- end: gtr study report -->"
+RESULTS = ROOT / "docs" / "results-v3.md"
 
 pytestmark = pytest.mark.slow
 
@@ -73,15 +71,8 @@ def test_the_carried_v3_runs_are_finished_cells_of_the_declared_grid(tmp_path: P
     assert report.progress.done == len(runs) and report.progress.cells == len(cfg.cells())
     for group in report.groups:
         assert group.split_starts == []  # each seed's arms started from the same weights
-    # docs/results.md's verdict section is this report, as `gtr study report --markdown` prints it
-    # from the imported rows: the page a reviewer reads is what the stored data gives.
+    # docs/results-v3.md's verdict section is this report, as `gtr study report --markdown`
+    # prints it from the imported rows: the page a reviewer reads is what the stored data gives.
     page = gtr_cli("study", "report", "1", "--markdown", env=env)
     assert page.returncode == 0, page.stderr
-    assert page.stdout == results_section()
-
-
-def results_section() -> str:
-    """The part of docs/results.md between its two study-report markers."""
-    text = RESULTS.read_text()
-    begin, end = text.index(BEGIN) + len(BEGIN) + 1, text.index(END)
-    return text[begin:end]
+    assert page.stdout == page_section(RESULTS, "docs/results/v3/study.json.gz")

@@ -4,7 +4,8 @@ bundle. It imports into a fresh embedded store as a user would: its tuning stage
 every finished trial at a point of the arm's declared grid (so the study here does not tune
 again and cannot mix two settings in one arm), the warm starts of the seeds still to train are
 filed, and every finished run is a cell of the grid configs/studies/v4.toml declares, trained
-with the settings its arm's tuning chose."""
+with the settings its arm's tuning chose. docs/results.md's verdict section is the report that
+bundle gives, as `gtr study report --markdown` prints it."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from shared.db.models import Run
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
 from tests.e2e.helpers import ROOT
-from tests.services.study.tiny_study import gtr_cli
+from tests.services.study.tiny_study import gtr_cli, page_section
 
 BUNDLE = ROOT / "docs" / "results" / "v4" / "study.json.gz"
 V4 = ROOT / "configs" / "studies" / "v4.toml"
+RESULTS = ROOT / "docs" / "results.md"
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +90,14 @@ def test_the_carried_v4_study_goes_on_where_it_stopped(tmp_path: Path) -> None:
             assert run.status == "completed" and run.updates_done == run.num_updates
             ran, declared = RunConfig.model_validate(run.config), tuned.run_config(cell)
             assert ran.model_dump(exclude=unread) == declared.model_dump(exclude=unread), cell
+
+    # docs/results.md's verdict section is this report, as `gtr study report --markdown` prints
+    # it from the imported rows: the page a reviewer reads is what the carried data gives, and
+    # an export that changes the data without the page fails here.
+    page = gtr_cli("study", "report", "1", "--markdown", env=env)
+    assert page.returncode == 0, page.stderr
+    assert page.stdout == page_section(RESULTS, "docs/results/v4/study.json.gz")
+    # A choice at an end of a grid that could have found an interior best is named under the
+    # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
+    assert "- bc: selected trial 7" in page.stdout
+    assert "  - at the grid's edge: lr 0.001 is the largest of the 4 values searched" in page.stdout

@@ -103,3 +103,15 @@ def gtr_cli(
         text=True,
         timeout=timeout,
     )
+
+
+REPORT_END = "<!-- end: gtr study report -->"
+
+
+def page_section(page: Path, bundle: str) -> str:
+    """The part of a results page (docs/results.md, docs/results-v3.md) that it says is `gtr
+    study report 1 --markdown` on ``bundle`` (a path under the repository), between its two
+    markers: what a test compares with the report it builds from that bundle."""
+    text = page.read_text()
+    begin = f"<!-- begin: gtr study report 1 --markdown, from {bundle} -->"
+    return text[text.index(begin) + len(begin) + 1 : text.index(REPORT_END)]
