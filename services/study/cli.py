@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from services.controller.cli import _call, _client, _with_api, controller_command
 
 if TYPE_CHECKING:
+    from services.study.report import StudyReport
     from services.study.schemas import StudyConfig
 
 
@@ -188,19 +189,51 @@ def render(report: Any) -> None:
     is_flag=True,
     help="The verdict section as Markdown, for a results page (no run ids, ETA or dates).",
 )
-def study_report(study_id: int, as_json: bool, as_markdown: bool) -> None:
+@click.option(
+    "--into",
+    type=click.Path(exists=True, dir_okay=False, writable=True, path_type=Path),
+    help="Write the Markdown section into this page, replacing what lies between its lines "
+    "`<!-- begin: gtr study report ID --markdown -->` and `<!-- end: gtr study report -->` "
+    "(implies --markdown; the rest of the page is kept as it is).",
+)
+def study_report(study_id: int, as_json: bool, as_markdown: bool, into: Path | None) -> None:
     """Print a study's verdict table from the database the settings name."""
-    if as_json and as_markdown:
-        raise click.UsageError("--json and --markdown: choose one")
+    if as_json and (as_markdown or into):
+        raise click.UsageError("--json and --markdown/--into: choose one")
     report = _stored_report(study_id)
     if as_json:
         click.echo(json.dumps(report.model_dump(mode="json"), indent=2))
+    elif into is not None:
+        _write_into(into, study_id, report)
     elif as_markdown:
         from services.study.markdown import render_markdown
 
         click.echo(render_markdown(report), nl=False)
     else:
         render(report)
+
+
+def _write_into(page: Path, study_id: int, report: StudyReport) -> None:
+    """Replace the page's section for the study (markdown.splice), atomically: a page whose
+    markers are wrong is refused and left as it was."""
+    from services.study.markdown import PageError, render_markdown, splice
+
+    try:
+        old = page.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"cannot read {page}: {e}") from None
+    section = render_markdown(report)
+    try:
+        new = splice(old, study_id, section)
+    except PageError as e:
+        raise click.ClickException(f"{page}: {e}; nothing was written") from None
+    if new == old:
+        click.echo(f"{page}: study {study_id}'s section is already the report")
+        return
+    tmp = page.with_name(f".{page.name}.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    tmp.replace(page)
+    click.echo(f"{page}: study {study_id}'s section replaced ({section.count(chr(10))} lines)")
 
 
 @study.command("create")

@@ -30,6 +30,43 @@ def text(s: str) -> str:
     return _MARKUP.sub(lambda m: "\\" + m.group(0), escaped).replace("\n", " ")
 
 
+END_MARKER = "<!-- end: gtr study report -->"
+
+
+def begin_marker(study_id: int) -> re.Pattern[str]:
+    """The line that opens a page's section for study ``study_id``: `<!-- begin: gtr study report
+    ID --markdown -->`, optionally naming its source (`..., from docs/results/v4/study.json.gz`)."""
+    opening = rf"^<!-- begin: gtr study report {study_id} --markdown(?:,[^\n]*)? -->\n"
+    return re.compile(opening, re.M)
+
+
+class PageError(ValueError):
+    """A results page whose markers do not say where the section goes."""
+
+
+def splice(page: str, study_id: int, section: str) -> str:
+    """``page`` with the text between study ``study_id``'s begin marker and the end marker
+    after it replaced by ``section``: how a results page kept in git takes a new report. The
+    page must hold exactly one begin marker for the study and an end marker after it."""
+    begins = list(begin_marker(study_id).finditer(page))
+    if not begins:
+        raise PageError(
+            f"it has no line `<!-- begin: gtr study report {study_id} --markdown -->`: put one "
+            f"where the section goes, with `{END_MARKER}` on a line below it"
+        )
+    if len(begins) > 1:
+        raise PageError(
+            f"it opens study {study_id}'s section {len(begins)} times (lines "
+            + ", ".join(str(page.count("\n", 0, b.start()) + 1) for b in begins)
+            + "): keep one"
+        )
+    start = begins[0].end()
+    end = page.find(END_MARKER, start)
+    if end < 0:
+        raise PageError(f"no `{END_MARKER}` line after study {study_id}'s begin marker")
+    return page[:start] + section + page[end:]
+
+
 def render_markdown(report: StudyReport) -> str:
     """The report's verdict section: a level-2 heading and what follows it, ending in a newline."""
     pr = report.progress

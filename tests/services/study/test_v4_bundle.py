@@ -10,6 +10,8 @@ bundle gives, as `gtr study report --markdown` prints it."""
 from __future__ import annotations
 
 import json
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,20 +27,39 @@ from shared.schemas import RunConfig
 from tests.e2e.helpers import ROOT
 from tests.services.study.tiny_study import gtr_cli, page_section
 
-BUNDLE = ROOT / "docs" / "results" / "v4" / "study.json.gz"
+BUNDLE_PATH = "docs/results/v4/study.json.gz"
+BUNDLE = ROOT / BUNDLE_PATH
 V4 = ROOT / "configs" / "studies" / "v4.toml"
 RESULTS = ROOT / "docs" / "results.md"
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_carried_v4_study_goes_on_where_it_stopped(tmp_path: Path) -> None:
+@dataclass
+class Imported:
+    folder: Path  # the embedded store's data folder
+    env: dict[str, str | None]
+    out: subprocess.CompletedProcess[str]  # `gtr study import`'s
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
+    """The bundle imported into a fresh embedded store by `gtr study import`, as a user would."""
+    folder = tmp_path_factory.mktemp("v4-bundle")
+    env: dict[str, str | None] = {
+        "GTR_DATA_DIR": str(folder),
+        "GTR_DATABASE_URL": None,
+        "GTR_REDIS_URL": None,
+    }
+    return Imported(folder, env, gtr_cli("study", "import", str(BUNDLE), env=env))
+
+
+def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> None:
     cfg = load_study(V4)
     assert cfg.tuning is not None
     bundle = read_bundle(BUNDLE)
     assert bundle["study"]["name"] == cfg.name
-    env = {"GTR_DATA_DIR": str(tmp_path), "GTR_DATABASE_URL": None, "GTR_REDIS_URL": None}
-    got = gtr_cli("study", "import", str(BUNDLE), env=env)
+    env, got, tmp_path = imported.env, imported.out, imported.folder
     assert got.returncode == 0, got.stderr
     assert "warning" not in got.stderr, got.stderr
     assert "" not in got.stdout.splitlines(), got.stdout  # no stray output between its lines
@@ -96,8 +117,48 @@ def test_the_carried_v4_study_goes_on_where_it_stopped(tmp_path: Path) -> None:
     # an export that changes the data without the page fails here.
     page = gtr_cli("study", "report", "1", "--markdown", env=env)
     assert page.returncode == 0, page.stderr
-    assert page.stdout == page_section(RESULTS, "docs/results/v4/study.json.gz")
+    assert page.stdout == page_section(RESULTS, BUNDLE_PATH)
     # A choice at an end of a grid that could have found an interior best is named under the
     # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
     assert "- bc: selected trial 7" in page.stdout
     assert "  - at the grid's edge: lr 0.001 is the largest of the 4 values searched" in page.stdout
+
+
+def test_report_into_rewrites_the_pages_section_and_refuses_a_page_it_cannot_place(
+    imported: Imported, tmp_path: Path
+) -> None:
+    """`gtr study report 1 --into PAGE` is how docs/results.md takes a new export's report:
+    from a stale copy of the page it writes back the page in git (the rest kept byte for byte);
+    a page without the study's markers, or opening its section twice, is refused in one line
+    with a non-zero exit and left as it was."""
+    assert imported.out.returncode == 0, imported.out.stderr
+    page = tmp_path / "results.md"
+    current = RESULTS.read_text()
+    stale = "## Study: an older export\n\nFinished: 0 of 70 runs.\n"
+    page.write_text(current.replace(page_section(RESULTS, BUNDLE_PATH), stale))
+    assert page.read_text() != current
+    got = gtr_cli("study", "report", "1", "--into", str(page), env=imported.env)
+    assert got.returncode == 0, got.stderr
+    assert "study 1's section replaced" in got.stdout
+    assert page.read_text() == current
+    again = gtr_cli("study", "report", "1", "--into", str(page), env=imported.env)
+    assert again.returncode == 0 and "already the report" in again.stdout
+
+    hostile = "# a page <script>alert('x')</script> \"quoted\"\n\nno markers here\n"
+    twice = f"{current}\n<!-- begin: gtr study report 1 --markdown -->\n{stale}"
+    unmarked = "<!-- begin: gtr study report 1 --markdown -->\nno end marker\n"
+    for body, says in [
+        (hostile, "has no line `<!-- begin: gtr study report 1 --markdown -->`"),
+        (twice, "opens study 1's section 2 times"),
+        (unmarked, "no `<!-- end: gtr study report -->` line after"),
+    ]:
+        page.write_text(body)
+        bad = gtr_cli("study", "report", "1", "--into", str(page), env=imported.env)
+        assert bad.returncode == 1, bad.stdout
+        assert says in bad.stderr and "nothing was written" in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
+        assert page.read_text() == body
+    missing = gtr_cli("study", "report", "1", "--into", str(tmp_path / "no.md"), env=imported.env)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    both = gtr_cli("study", "report", "1", "--json", "--into", str(page), env=imported.env)
+    assert both.returncode == 2 and "choose one" in both.stderr
