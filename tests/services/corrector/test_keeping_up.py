@@ -210,14 +210,16 @@ def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def test_the_need_is_in_flight_one_round_trip_after_the_probe(pg_url: str) -> None:
-    """Embedded, a 2 s endpoint and a backlog of 100 steps: the probe's 4 requests come back,
+    """Embedded, a slow endpoint and a backlog of 100 steps: the probe's 4 requests come back,
     and before any later request is answered the other 96 are in flight (the Little's-law need
-    is the backlog here), not the 32 of a slow start that grew 8x a round trip."""
+    is the backlog here), not the 32 of a slow start that grew 8x a round trip. The endpoint
+    takes 4 s, so the 96 threads have one round trip to start on a host loaded twice over (at
+    2 s, a host running two trainings beside the suite issued 87 of them in time)."""
     from services.controller.backends import wait_for_corrections
     from tests.services.corrector.helpers import make_run, make_step
 
     agent = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
-    with counting_corrector(2.0) as (url, seen):
+    with counting_corrector(4.0) as (url, seen):
         inline = {"name": "slow", "kind": "http", "base_url": url, "params": {"concurrency": 256}}
         with session_scope() as s:
             run = make_run(s, corrector={"name": "slow"})
