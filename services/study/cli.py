@@ -69,18 +69,34 @@ def study() -> None:
     type=click.IntRange(1, 64),
     help="Training processes at once.",
 )
-def study_run(file: Path, jobs: int) -> None:
+@click.option(
+    "--stop-by",
+    "stop_by",
+    metavar="WHEN",
+    help="Start only the runs expected to finish by WHEN, then pause (exit 0, cells left): a "
+    "duration (90m, 2h, 1h30m), a clock time today (18:40) or a date-time (2026-12-06T18:40). "
+    "A run still training then goes back to the queue, to resume after its last update.",
+)
+def study_run(file: Path, jobs: int, stop_by: str | None) -> None:
     """Run a study in this machine's processes (embedded default); rerun to resume it."""
-    cfg = load_study(file)
-    _preflight(cfg)
-    from services.study.runner import StudyUnreadable, run_study
+    from services.study.runner import Paused, StudyUnreadable, parse_deadline, run_study
     from services.study.service import StudyRefused
 
+    try:
+        deadline = parse_deadline(stop_by) if stop_by is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--stop-by") from None
+    cfg = load_study(file)
+    _preflight(cfg)
     _local_schema()
     try:
-        study_id = run_study(cfg, jobs, say=click.echo)
+        study_id = run_study(cfg, jobs, say=click.echo, deadline=deadline)
     except (StudyRefused, StudyUnreadable) as e:
         raise click.ClickException(str(e)) from None
+    except Paused as e:
+        click.echo(str(e))
+        _print_report(e.study_id)
+        sys.exit(0)  # it did what --stop-by asked; the report says what is left
     except KeyboardInterrupt:
         sys.exit(130)
     ok = _print_report(study_id)

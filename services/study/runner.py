@@ -7,28 +7,37 @@ scheduler) and each run, a tuning trial's too, trains in a child process of its 
 ``<data_dir>/studies/<id>/run-<run id>.log``. Stopping it (Ctrl-C, or a kill) loses nothing: the
 next `gtr study run` of the same file resumes the study, every unfinished run after its last
 trained update, and never reruns a finished one.
+
+With a deadline (`--stop-by`), it starts only the runs it expects to finish by then (each run's
+updates left times the seconds per update its task and arm took here so far) and pauses the
+study once none fits; a run still training at the deadline goes back to the queue as on Ctrl-C.
+A host booked until a given time, or a session that exports the study's finished runs before it
+ends, stops at a run's end instead of in the middle of one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
 
 from pydantic import ValidationError
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from services.study import service
 from services.study.schemas import StudyConfig
-from services.study.tuning import of_study
-from shared.db.models import Run, Study, utcnow
+from services.study.tuning import of_study, trial_runs
+from shared.db.models import Run, Study, Update, utcnow
 from shared.db.session import session_scope
 from shared.settings import get_settings
 
@@ -67,18 +76,22 @@ def open_study(cfg: StudyConfig) -> tuple[int, bool]:
         return study.id, True
 
 
-def _claim(study_id: int, n: int) -> list[int]:
-    """Up to n queued runs of the study, marked running (compare-and-set: one driver each)."""
+Fits = Callable[[Session, Run], bool]
+
+
+def _claim(study_id: int, n: int, fits: Fits | None = None) -> list[int]:
+    """Up to n queued runs of the study, marked running (compare-and-set: one driver each);
+    with ``fits``, only the runs it accepts (a deadline's)."""
     if n <= 0:
         return []
     out: list[int] = []
     with session_scope() as s:
-        ids = s.scalars(
-            select(Run.id)
-            .where((Run.study_id == study_id) | of_study(study_id), Run.status == "queued")
-            .order_by(Run.id)
-            .limit(n)
-        ).all()
+        queued = (Run.study_id == study_id) | of_study(study_id), Run.status == "queued"
+        if fits is None:
+            ids = s.scalars(select(Run.id).where(*queued).order_by(Run.id).limit(n)).all()
+        else:
+            runs = s.scalars(select(Run).where(*queued).order_by(Run.id)).all()
+            ids = [r.id for r in runs if fits(s, r)][:n]
         for run_id in ids:
             claimed = s.execute(  # type: ignore[attr-defined]
                 update(Run)
@@ -170,9 +183,33 @@ def _release(children: list[Child]) -> None:
         )
 
 
-def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
-    """Run (or resume) the study to its end with ``jobs`` training processes; its id."""
+class Paused(Exception):
+    """The study stopped for its deadline with cells left; the message says what is left."""
+
+    def __init__(self, study_id: int, message: str) -> None:
+        super().__init__(message)
+        self.study_id = study_id
+
+
+def run_study(
+    cfg: StudyConfig, jobs: int, say: Say = print, deadline: datetime | None = None
+) -> int:
+    """Run (or resume) the study to its end with ``jobs`` training processes; its id. With a
+    ``deadline`` (aware), start only runs expected to finish by then; raises Paused when none
+    does, or when the deadline comes with runs in flight (put back in the queue)."""
     study_id, existed = open_study(cfg)
+    fits: Fits | None = None
+    too_long: list[str] = []  # why the last queued runs were not started (the deadline)
+    if deadline is not None:
+
+        def fits(s: Session, run: Run) -> bool:
+            need = seconds_needed(s, run)
+            left = (deadline - utcnow()).total_seconds()
+            if need is not None and need > left:
+                too_long.append(f"{cell_text(run)} needs about {duration_text(need)}")
+                return False
+            return left > 0
+
     with session_scope() as s:  # the runs in flight at once here: what the study's ETA divides by
         study = s.get(Study, study_id)
         assert study is not None
@@ -201,7 +238,10 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
                     with session_scope() as s:
                         study = s.get(Study, study_id)
                         assert study is not None
-                        queued = service.advance(s, study, limit=jobs, say=say)
+                        # Under a deadline, the runs queued that did not fit stay queued and
+                        # the next cells are queued beside them: a shorter run may fit.
+                        limit = jobs + len(too_long)
+                        queued = service.advance(s, study, limit=limit, say=say)
                         done, status = service.finished(study), study.status
                 except ValidationError as e:
                     # Another process stored a study file this version cannot read (a newer
@@ -214,9 +254,15 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
                     continue
                 for run in queued:
                     log.info("study %s queued run %s", study_id, run.id)
-                for run_id in _claim(study_id, jobs - len(children)):
+                too_long.clear()
+                for run_id in _claim(study_id, jobs - len(children), fits):
                     children.append(_spawn(study_id, run_id, threads))
                     say(_started(run_id))
+                # Paused only once no cell is left to try: nothing new was queued though the
+                # limit made room for one beside every run that did not fit.
+                tried = not queued and limit >= jobs + len(too_long)
+                if deadline is not None and (tried or not too_long):
+                    _check_deadline(study_id, deadline, children, too_long, done)
             if unreadable is not None and not children:
                 raise StudyUnreadable(
                     f"study {study_id} stopped: {unreadable}; go on with `gtr study run` from "
@@ -232,6 +278,100 @@ def run_study(cfg: StudyConfig, jobs: int, say: Say = print) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _check_deadline(
+    study_id: int, deadline: datetime, children: list[Child], too_long: list[str], done: bool
+) -> None:
+    """Pause the study (raise Paused) once its deadline has come, or once nothing runs and the
+    next queued run would not finish by it."""
+    left = (deadline - utcnow()).total_seconds()
+    if left <= 0 and children:
+        _release(children)
+        ids = ", ".join(str(c.run_id) for c in children)
+        raise Paused(
+            study_id,
+            f"study {study_id} paused at its deadline: run{'s' if len(children) > 1 else ''} "
+            f"{ids} went back to the queue and resume after their last trained update; "
+            "`gtr study run` of the same file goes on",
+        )
+    if children or done or (left > 0 and not too_long):
+        return  # still training, finished, or between two steps of the schedule
+    why = too_long[0] if too_long else "the deadline has passed"
+    raise Paused(
+        study_id,
+        f"study {study_id} paused before its deadline ({duration_text(max(0.0, left))} left): "
+        f"{why}; `gtr study run` of the same file goes on",
+    )
+
+
+def seconds_needed(session: Session, run: Run) -> float | None:
+    """About how long ``run`` takes to finish on this host: its updates left times the mean
+    seconds per update (each update's stored ``update_s``, its evaluations included) of the
+    study's runs of the same task and arm (a trial: of its tuning arm), itself included. None
+    before any of them has trained an update. A warm start the run must build first is not
+    counted."""
+    trial = (run.info or {}).get("tuning")
+    if run.study_id is not None:
+        same = select(Run.id).where(
+            Run.study_id == run.study_id,
+            Run.study_task == run.study_task,
+            Run.study_arm == run.study_arm,
+        )
+    elif isinstance(trial, dict):  # a tuning trial: the trials of its arm
+        ids = [r.id for r in trial_runs(session, trial["study_id"], trial["arm"])]
+        same = select(Run.id).where(Run.id.in_(ids))
+    else:
+        return None
+    seconds = [
+        m["update_s"]
+        for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(same)))
+        if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
+    ]
+    if not seconds:
+        return None
+    return sum(seconds) / len(seconds) * max(0, run.num_updates - run.updates_done)
+
+
+def duration_text(seconds: float) -> str:
+    """'1 h 05 min', '12 min', '40 s'."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def parse_deadline(when: str, now: datetime | None = None) -> datetime:
+    """`--stop-by`'s WHEN as an aware time: a duration from now ('90m', '2h', '1h30m', '45s'), a
+    clock time today on this host ('18:40'), or an ISO 8601 date-time ('2026-12-06T18:40',
+    this host's time zone unless it gives one). ValueError, in words, for anything else or a
+    time already past."""
+    now = now or datetime.now(UTC)
+    text = when.strip().lower().replace(" ", "")
+    if (m := _DURATION.fullmatch(text)) and any(m.groups()):
+        h, mins, secs = (int(g or 0) for g in m.groups())
+        if not h + mins + secs:
+            raise ValueError(f"{when!r} is no time at all: give a duration above 0")
+        return now + timedelta(hours=h, minutes=mins, seconds=secs)
+    local = now.astimezone()
+    try:
+        if re.fullmatch(r"\d{1,2}:\d{2}", text):
+            hour, minute = (int(x) for x in text.split(":"))
+            at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+        else:
+            at = datetime.fromisoformat(when.strip())
+            at = at if at.tzinfo else at.replace(tzinfo=local.tzinfo)
+    except ValueError:
+        raise ValueError(
+            f"{when!r} is not a time: give a duration (90m, 2h, 1h30m), a clock time today "
+            "(18:40) or a date-time (2026-12-06T18:40)"
+        ) from None
+    if at <= now:
+        raise ValueError(f"{when!r} is already past (it is {local:%Y-%m-%d %H:%M} here)")
+    return at
 
 
 class StudyUnreadable(RuntimeError):
