@@ -22,10 +22,8 @@ from sqlalchemy import select
 from services.study.runner import parse_deadline
 from shared.db.models import Run, Update
 from shared.db.session import session_scope
-from tests.e2e.helpers import ROOT
-from tests.services.study.tiny_study import gtr_cli
+from tests.services.study.tiny_study import gtr_cli, tiny_numberline
 
-BASE = ROOT / "configs" / "numberline-tiny.toml"
 STUDY = """
 name = "booked host"
 seeds = {seeds}
@@ -33,22 +31,7 @@ eval_episodes = 2
 primary = {{ metric = "eval/success_rate", reduce = "final" }}
 [budget]
 updates = 12
-[tasks.numberline]
-config = "{base}"
-[tasks.numberline.base.init]
-kind = "none"
-[tasks.numberline.base.env]
-max_episode_steps = 3
-[tasks.numberline.base.generation]
-max_new_tokens = 24
-[tasks.numberline.base.train]
-num_envs = 2
-num_steps = 4
-minibatch_size = 8
-ppo_epochs = 1
-[tasks.numberline.base.metrics]
-probe_states = 2
-eval_every = 6
+{task}
 {arms}
 """
 GTR = '[arms.gtr]\nalgorithm = "gtr"'
@@ -56,7 +39,8 @@ RL4VLM = '[arms.rl4vlm]\nalgorithm = "rl4vlm"'
 
 
 def _write(path: Path, seeds: str, arms: str) -> Path:
-    path.write_text(STUDY.format(seeds=seeds, base=BASE, arms=arms))
+    task = tiny_numberline(probe_states=2, eval_every=6)
+    path.write_text(STUDY.format(seeds=seeds, task=task, arms=arms))
     return path
 
 

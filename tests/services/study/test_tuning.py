@@ -36,7 +36,7 @@ from shared.db.session import session_scope
 from shared.schemas import RunConfig
 from tests.conftest import live_server
 from tests.e2e.helpers import ROOT, cancel_active_runs, tiny_run
-from tests.services.study.tiny_study import gtr_cli
+from tests.services.study.tiny_study import gtr_cli, tiny_numberline
 
 DEMO = ROOT / "configs" / "studies" / "demo.toml"
 BASE = ROOT / "configs" / "numberline-tiny.toml"
@@ -151,7 +151,8 @@ def _lr_study(name: str) -> str:
     """The smallest tuned study (tuning seed 100, grid sampler, median pruner), selecting by the
     recorded lr over lr in {0.001, 0.01}, from no warm start with short episodes (an untrained
     policy's are all truncations: 3 steps of 24 tokens keep its evaluations short)."""
-    return LR_STUDY.format(name=name, base=BASE, budget=EMBEDDED_BUDGET)
+    task = tiny_numberline(probe_states=4, eval_every=1)
+    return LR_STUDY.format(name=name, task=task, budget=EMBEDDED_BUDGET)
 
 
 # 8 updates a trial run: a stop decided at update 0 reaches the run's driver (the runner polls
@@ -165,22 +166,7 @@ concurrency = 1
 primary = {{ metric = "eval/success_rate", reduce = "final" }}
 [budget]
 updates = 2
-[tasks.numberline]
-config = "{base}"
-[tasks.numberline.base.init]
-kind = "none"
-[tasks.numberline.base.env]
-max_episode_steps = 3
-[tasks.numberline.base.generation]
-max_new_tokens = 24
-[tasks.numberline.base.train]
-num_envs = 2
-num_steps = 4
-minibatch_size = 8
-ppo_epochs = 1
-[tasks.numberline.base.metrics]
-probe_states = 4
-eval_every = 1
+{task}
 [arms.gtr]
 algorithm = "gtr"
 [tuning]

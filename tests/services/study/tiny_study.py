@@ -20,6 +20,35 @@ from shared.db.session import session_scope
 from shared.settings import get_settings
 from tests.e2e.helpers import ROOT, tiny_run
 
+# The `[tasks.numberline]` section of a study file whose runs are the smallest that train: no
+# warm start, short episodes (an untrained policy's are all truncations: 3 steps of 24 tokens
+# keep its evaluations short), 8 env steps an update in one minibatch and one epoch.
+TINY_NUMBERLINE = """
+[tasks.numberline]
+config = "{base}"
+[tasks.numberline.base.init]
+kind = "none"
+[tasks.numberline.base.env]
+max_episode_steps = 3
+[tasks.numberline.base.generation]
+max_new_tokens = 24
+[tasks.numberline.base.train]
+num_envs = 2
+num_steps = 4
+minibatch_size = 8
+ppo_epochs = 1
+[tasks.numberline.base.metrics]
+probe_states = {probe_states}
+eval_every = {eval_every}
+"""
+
+
+def tiny_numberline(probe_states: int, eval_every: int) -> str:
+    """TINY_NUMBERLINE on configs/numberline-tiny.toml, probing and evaluating as given."""
+    base = ROOT / "configs" / "numberline-tiny.toml"
+    return TINY_NUMBERLINE.format(base=base, probe_states=probe_states, eval_every=eval_every)
+
+
 # Hostile names: each reaches run names, tables, the page, the CSV and the terminal.
 HOSTILE_ARM = "<script>alert('arm')</script>"
 QUOTED_ARM = "gtr \"quoted\" & 'single' <b>bold</b>"
