@@ -274,6 +274,7 @@ def run_study(
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         _release(children)
+        _stopped(study_id)
         say(f"study {study_id} interrupted: `gtr study run` of the same file resumes it")
         raise
     finally:
@@ -288,21 +289,33 @@ def _check_deadline(
     left = (deadline - utcnow()).total_seconds()
     if left <= 0 and children:
         _release(children)
+        _stopped(study_id)
         ids = ", ".join(str(c.run_id) for c in children)
         raise Paused(
             study_id,
             f"study {study_id} paused at its deadline: run{'s' if len(children) > 1 else ''} "
-            f"{ids} went back to the queue and resume after their last trained update; "
+            f"{ids} stopped and resume after their last trained update; "
             "`gtr study run` of the same file goes on",
         )
     if children or done or (left > 0 and not too_long):
         return  # still training, finished, or between two steps of the schedule
+    _stopped(study_id)
     why = too_long[0] if too_long else "the deadline has passed"
     raise Paused(
         study_id,
         f"study {study_id} paused before its deadline ({duration_text(max(0.0, left))} left): "
         f"{why}; `gtr study run` of the same file goes on",
     )
+
+
+def _stopped(study_id: int) -> None:
+    """Nothing drives the study any more: its status says so (`cancelled`, as `gtr study cancel`
+    and an import leave a study), so that its page and report do not show it running with an
+    ETA, and no controller on the same store takes it up. `gtr study run` resumes it."""
+    with session_scope() as s:
+        study = s.get(Study, study_id)
+        if study is not None and study.status in service.ACTIVE:
+            service.cancel_study(s, study)
 
 
 def seconds_needed(session: Session, run: Run) -> float | None:

@@ -6,7 +6,9 @@ One embedded study of a tiny NumberLine run (no warm start, short episodes), run
 first without a deadline (its seed-0 run finishes: the seconds per update it took are the
 estimate); then with a second seed and a deadline half that run's length away (nothing starts,
 and it says which run needs how long); then with a new arm, which has no estimate yet, and a
-deadline that comes while it trains (it goes back to the queue with its trained updates kept).
+deadline that comes while it trains (it stops, its trained updates kept for its resume). A
+paused study is `cancelled`, as `gtr study cancel` leaves one: nothing drives it until `gtr
+study run` resumes it.
 Each deadline is half the first run's length: longer than a start of `gtr study run`, shorter
 than a run.
 The deadline's parsing and its refusals are checked without a study."""
@@ -20,7 +22,7 @@ import pytest
 from sqlalchemy import select
 
 from services.study.runner import parse_deadline
-from shared.db.models import Run, Update
+from shared.db.models import Run, Study, Update
 from shared.db.session import session_scope
 from tests.services.study.tiny_study import gtr_cli, tiny_numberline
 
@@ -81,24 +83,28 @@ def test_a_deadline_starts_only_runs_that_fit_and_pauses_at_a_runs_end(
     assert "paused before its deadline" in paused.stdout, paused.stdout
     assert "numberline / gtr seed 1 needs about" in paused.stdout, paused.stdout
     assert "started" not in paused.stdout
+    assert "Study 1: booked host  (cancelled" in paused.stdout  # its report: nothing drives it
     with session_scope(url) as s:
         runs = {r.study_seed: r for r in s.scalars(select(Run).where(Run.study_arm == "gtr"))}
         assert runs[0].status == "completed"
-        assert 1 not in runs or (runs[1].status == "queued" and runs[1].updates_done == 0)
+        assert 1 not in runs or (runs[1].status == "cancelled" and runs[1].updates_done == 0)
+        row = s.get(Study, 1)
+        assert row is not None and row.status == "cancelled"
 
-    # A new arm has no estimate, so it starts (seed 1's gtr run still does not fit); the
-    # deadline comes while it trains: it goes back to the queue, its trained updates kept, and
-    # the study says how to go on.
+    # Run again, the paused study resumes. A new arm has no estimate, so it starts (seed 1's
+    # gtr run still does not fit); the deadline comes while it trains: it stops, its trained
+    # updates kept for its resume, and the study says how to go on.
     both = _write(study, "[0, 1]", f"{GTR}\n{RL4VLM}")
     stopped = gtr_cli("study", "run", str(both), "--stop-by", f"{half}s", env=env, timeout=300)
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     assert "numberline / rl4vlm seed 0: started" in stopped.stdout, stopped.stdout
     assert "gtr seed 1: started" not in stopped.stdout
     assert "paused at its deadline" in stopped.stdout, stopped.stdout
+    assert "(resumed)" in stopped.stdout
     assert "resume after their last trained update" in stopped.stdout
     with session_scope(url) as s:
         rl = s.scalars(select(Run).where(Run.study_arm == "rl4vlm", Run.study_seed == 0)).one()
-        assert rl.status == "queued" and rl.updates_done < 12
+        assert rl.status == "cancelled" and rl.updates_done < 12
         trained = len(s.scalars(select(Update.id).where(Update.run_id == rl.id)).all())
         assert trained == rl.updates_done  # what it trained is kept for the resume
 
