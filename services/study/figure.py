@@ -7,6 +7,7 @@ The file depends only on the stored rows: the same data draws the same bytes.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from services.study.report import Curve, GroupReport, StudyReport
@@ -73,7 +74,9 @@ def draw_curves(report: StudyReport, metric: str, out: Path, from_start: bool = 
         ax.legend(fontsize=7, loc="upper left")
     axes[0][0].set_ylabel(text(f"{metric} − the seed's start" if from_start else metric))
     what = "change from each seed's start, mean" if from_start else "mean"
-    fig.suptitle(text(f"{report.name}: {what} over seeds, 95 % band"), fontsize=10)
+    title = f"{report.name}: {what} over seeds, 95 % band"
+    # wrapped to the panels' width: one panel is narrower than the title
+    fig.suptitle(text(textwrap.fill(title, width=48 * len(groups))), fontsize=10)
     fig.tight_layout()
     # No software version or date in the file: the same rows give the same bytes.
     fig.savefig(out, format="png", dpi=110, metadata={"Software": None})
