@@ -13,7 +13,15 @@ from __future__ import annotations
 import html
 import re
 
-from services.study.console import cost_items, interval, need_text, num, p_text, rho_text
+from services.study.console import (
+    cost_items,
+    interval,
+    need_text,
+    num,
+    p_text,
+    rho_text,
+    undecided_why,
+)
 from services.study.outputs import ComparisonOut
 from services.study.questions import AxisReport, TrendReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
@@ -81,6 +89,7 @@ def render_markdown(report: StudyReport) -> str:
         + (f" ({pr.failed} failed)" if pr.failed else "")
         + ".",
     ]
+    lines += _answers(report)
     for g in report.groups:
         lines += ["", *_group(g)]
     for ax in report.axes:
@@ -90,6 +99,39 @@ def render_markdown(report: StudyReport) -> str:
     if report.tuning:  # the tuning stage: every trial and the choice per arm
         lines += ["", "### Tuning", "", *_tuning(report.tuning)]
     return "\n".join(lines) + "\n"
+
+
+def _answers(report: StudyReport) -> list[str]:
+    """The study's answer before its tables: each confirmatory comparison of the primary metric,
+    a row per task, variant and pair, with its verdict and, where undecided, why and the seeds
+    the observed difference would need. Nothing before a comparison has a finished run."""
+    head = ["task", "A vs B", "verdict", "A − B [95 % CI]", "seeds", "p (Holm)", "why not decided"]
+    rows = []
+    for g in report.groups:
+        where = text(g.task) + (f" · {text(g.variant)}" if g.variant else "")
+        for c in g.primary.comparisons:
+            if not c.confirmatory:
+                continue
+            verdict = f"**{text(c.verdict)}**" if c.winner else text(c.verdict)
+            why = undecided_why(c, report.alpha)
+            if why and c.seeds_for_power is not None:
+                why += f"; about {c.seeds_for_power} seeds for 80 % power"
+            holm = "–" if c.p_holm is None else f"{c.p_holm:.4f}"
+            pair = f"{text(c.a)} vs {text(c.b)}"
+            cells = [where, pair, verdict, interval(c.mean_diff), str(len(c.seeds)), holm]
+            rows.append(_row([*cells, text(why) or "–"]))
+    if not rows:
+        return []
+    return [
+        "",
+        "### The answers",
+        "",
+        f"The confirmatory comparisons on {text(report.primary)}, as the tables below decide them:",
+        "",
+        _row(head),
+        _row(["---", "---", "---", "---:", "---:", "---:", "---"]),
+        *rows,
+    ]
 
 
 def _tuning(arms: list[ArmTuning]) -> list[str]:

@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from services.api.routes.search import _csv
 from services.api.routes.ui import PAGE_SIZE, Db, User, not_found_page, render
 from services.study import kept, service
+from services.study.console import undecided_why
 from services.study.outputs import ComparisonOut
 from services.study.report import Curve, MetricBlock, StudyReport
 from shared.db.models import ApiToken
@@ -47,43 +48,6 @@ def _report(db: Db, me: ApiToken, study_id: int) -> StudyReport | None:
     except service.StudyNotFound:
         return None
     return kept.report_of(db, study)
-
-
-def undecided_why(c: ComparisonOut, alpha: float) -> str:
-    """Why a comparison reads "not decided", in words: no shared seed, tied seeds, too few
-    seeds for any p under alpha, seeds that disagree, or an interval that holds 0."""
-    n = len(c.seeds)
-    if c.winner is not None or not c.verdict.startswith("not decided"):
-        return ""  # decided, or refused with its reason in the verdict itself
-    if n == 0:
-        return "no seed that both arms finished"
-    ties = sum(1 for d in c.diffs if d == 0)
-    if ties == n:
-        return f"tied at every seed ({c.a} − {c.b} = 0 at each of {n})"
-    tied = f"{ties} of {n} seeds tied (difference 0); " if ties else ""
-    untied = n - ties
-    smallest = 2 / 2**untied
-    if smallest >= alpha:
-        return (
-            f"{tied}with {untied} untied seed{'s' if untied != 1 else ''} the smallest possible "
-            f"p is {smallest:.3g}, not under α = {alpha:g}: more seeds are needed"
-        )
-    better = sum(1 for d in c.diffs if d > 0)
-    worse = untied - better
-    if c.p_holm is not None and c.p_value is not None and c.p_value < alpha <= c.p_holm:
-        return (
-            f"{tied}p = {c.p_value:.3g} is under α = {alpha:g}, but not after Holm's adjustment "
-            f"over the task's confirmatory comparisons (p = {c.p_holm:.3g})"
-        )
-    if c.p_value is not None and c.p_value >= alpha:
-        return (
-            f"{tied}the seeds disagree: {c.a} ahead at {better}, {c.b} at {worse} "
-            f"(p = {c.p_value:.3g} ≥ α = {alpha:g})"
-        )
-    iv = c.mean_diff
-    if iv.low is not None and iv.high is not None:
-        return f"{tied}the 95 % interval of {c.a} − {c.b}, [{iv.low:.3f}, {iv.high:.3f}], holds 0"
-    return f"{tied}no interval over the seeds"
 
 
 def shown_comparisons(block: MetricBlock) -> list[ComparisonOut]:

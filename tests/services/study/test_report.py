@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from services.study import statistics as st
-from services.study.console import render_report
+from services.study.console import render_report, undecided_why
 from services.study.report import DEAL_SPACE, build_report, dead_seeds, deal_key
 from services.study.schemas import MetricSpec
 from services.study.service import StudyNotFound
@@ -268,14 +268,26 @@ def test_markdown_section_keeps_hostile_names_as_text_in_their_cells(
     page = MarkdownIt("commonmark").enable("table").render(md)
     assert "<script" not in page and "<b>" not in page and "<img" not in page
     tables = re.findall(r"<table>.*?</table>", page, re.S)
-    assert len(tables) == 3  # the arms, each seed's start and scores, the paired comparisons
+    # the answers (the confirmatory verdicts first), then the arms, each seed's start and
+    # scores, the paired comparisons
+    assert len(tables) == 4
     for table in tables:
         widths = {
             len(re.findall(r"<t[hd][ >]", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)
         }
         assert len(widths) == 1, table
-    arms, seeds, comparisons = tables
+    answers, arms, seeds, comparisons = tables
     block = report.groups[0].primary
+    assert page.index("<h3>The answers</h3>") < page.index(answers) < page.index(arms)
+    shown = [
+        [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", answers, re.S)[1:]
+    ]
+    confirmatory = [c for c in block.comparisons if c.confirmatory]
+    assert confirmatory and len(shown) == len(confirmatory)
+    for row, c in zip(shown, confirmatory, strict=True):
+        assert row[1:3] == [f"{c.a} vs {c.b}", c.verdict] and row[4] == str(len(c.seeds))
+        assert row[6].startswith(undecided_why(c, report.alpha)), row  # why it is undecided
     heads = [html.unescape(c) for c in re.findall(r"<th[^>]*>(.*?)</th>", seeds)]
     assert heads == ["seed", "start", *(a.arm for a in block.arms)]
     rows = [
