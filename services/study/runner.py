@@ -10,7 +10,8 @@ trained update, and never reruns a finished one.
 
 With a deadline (`--stop-by`), it starts only the runs it expects to finish by then (each run's
 updates left times the seconds per update its task and arm took here so far) and pauses the
-study once none fits; a run still training at the deadline goes back to the queue as on Ctrl-C.
+study once none fits; a run still training at the deadline stops as on Ctrl-C, to resume
+after its last trained update. A stopped study is `cancelled` until `gtr study run` resumes it.
 A host booked until a given time, or a session that exports the study's finished runs before it
 ends, stops at a run's end instead of in the middle of one.
 """
@@ -196,7 +197,7 @@ def run_study(
 ) -> int:
     """Run (or resume) the study to its end with ``jobs`` training processes; its id. With a
     ``deadline`` (aware), start only runs expected to finish by then; raises Paused when none
-    does, or when the deadline comes with runs in flight (put back in the queue)."""
+    does, or when the deadline comes with runs in flight (stopped, to resume)."""
     study_id, existed = open_study(cfg)
     fits: Fits | None = None
     too_long: list[str] = []  # why the last queued runs were not started (the deadline)
