@@ -31,6 +31,7 @@ BUNDLE_PATH = "docs/results/v4/study.json.gz"
 BUNDLE = ROOT / BUNDLE_PATH
 V4 = ROOT / "configs" / "studies" / "v4.toml"
 RESULTS = ROOT / "docs" / "results.md"
+FIGURE = ROOT / "docs" / "results" / "v4" / "curves-from-start.png"
 
 pytestmark = pytest.mark.slow
 
@@ -162,3 +163,27 @@ def test_report_into_rewrites_the_pages_section_and_refuses_a_page_it_cannot_pla
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     both = gtr_cli("study", "report", "1", "--json", "--into", str(page), env=imported.env)
     assert both.returncode == 2 and "choose one" in both.stderr
+
+
+def test_the_pages_figure_is_the_one_the_carried_runs_draw(
+    imported: Imported, tmp_path: Path
+) -> None:
+    """docs/results.md's figure (each arm's change from each seed's start, a band over seeds) is
+    `gtr study figure 1 --from-start` on the carried runs: drawn again here, it differs from the
+    committed one by at most a few anti-aliased pixels (a new run's curve moves far more)."""
+    from PIL import Image, ImageChops
+
+    assert imported.out.returncode == 0, imported.out.stderr
+    link = "](results/v4/curves-from-start.png)"
+    if not read_bundle(BUNDLE)["runs"]:  # nothing to draw yet: the page shows no figure
+        assert link not in RESULTS.read_text() and not FIGURE.exists()
+        return
+    assert link in RESULTS.read_text()
+    out = tmp_path / "curves.png"
+    got = gtr_cli("study", "figure", "1", "--from-start", "--out", str(out), env=imported.env)
+    assert got.returncode == 0, got.stderr
+    kept, drawn = (Image.open(p).convert("RGB") for p in (FIGURE, out))
+    assert kept.size == drawn.size
+    diff = ImageChops.difference(kept, drawn).convert("L").point(lambda v: 255 if v > 48 else 0)
+    changed = sum(1 for v in diff.getdata() if v)
+    assert changed <= 0.002 * kept.size[0] * kept.size[1], changed
