@@ -201,10 +201,11 @@ def run_study(
     study_id, existed = open_study(cfg)
     fits: Fits | None = None
     too_long: list[str] = []  # why the last queued runs were not started (the deadline)
+    memo: dict[tuple, float | None] = {}  # seconds per update, per task and arm, this poll
     if deadline is not None:
 
         def fits(s: Session, run: Run) -> bool:
-            need = seconds_needed(s, run)
+            need = seconds_needed(s, run, memo)
             left = (deadline - utcnow()).total_seconds()
             if need is not None and need > left:
                 too_long.append(f"{cell_text(run)} needs about {duration_text(need)}")
@@ -256,6 +257,7 @@ def run_study(
                 for run in queued:
                     log.info("study %s queued run %s", study_id, run.id)
                 too_long.clear()
+                memo.clear()
                 for run_id in _claim(study_id, jobs - len(children), fits):
                     children.append(_spawn(study_id, run_id, threads))
                     say(_started(run_id))
@@ -319,13 +321,25 @@ def _stopped(study_id: int) -> None:
             service.cancel_study(s, study)
 
 
-def seconds_needed(session: Session, run: Run) -> float | None:
+def seconds_needed(
+    session: Session, run: Run, memo: dict[tuple, float | None] | None = None
+) -> float | None:
     """About how long ``run`` takes to finish on this host: its updates left times the mean
     seconds per update (each update's stored ``update_s``, its evaluations included) of the
     study's runs of the same task and arm (a trial: of its tuning arm), itself included. None
     before any of them has trained an update. A warm start the run must build first is not
-    counted."""
+    counted. ``memo`` keeps each task and arm's seconds per update across one poll's queued
+    runs (read once, not once a run)."""
     trial = (run.info or {}).get("tuning")
+    key = (run.study_id, run.study_task, run.study_arm, str(trial and trial.get("arm")))
+    memo = {} if memo is None else memo
+    if key not in memo:
+        memo[key] = _seconds_per_update(session, run, trial)
+    per_update = memo[key]
+    return None if per_update is None else per_update * max(0, run.num_updates - run.updates_done)
+
+
+def _seconds_per_update(session: Session, run: Run, trial: object) -> float | None:
     if run.study_id is not None:
         same = select(Run.id).where(
             Run.study_id == run.study_id,
@@ -342,9 +356,7 @@ def seconds_needed(session: Session, run: Run) -> float | None:
         for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(same)))
         if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
     ]
-    if not seconds:
-        return None
-    return sum(seconds) / len(seconds) * max(0, run.num_updates - run.updates_done)
+    return sum(seconds) / len(seconds) if seconds else None
 
 
 def duration_text(seconds: float) -> str:

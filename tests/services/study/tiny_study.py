@@ -14,6 +14,7 @@ from typing import Any
 from services.api.auth import create_token
 from services.controller.loop import drive
 from services.study import service
+from services.study.markdown import END_MARKER
 from services.study.schemas import StudyConfig
 from shared.db.models import Study
 from shared.db.session import session_scope
@@ -134,13 +135,10 @@ def gtr_cli(
     )
 
 
-REPORT_END = "<!-- end: gtr study report -->"
-
-
 def page_section(page: Path, bundle: str) -> str:
     """The part of a results page (docs/results.md, docs/results-v3.md) that it says is `gtr
     study report 1 --markdown` on ``bundle`` (a path under the repository), between its two
     markers: what a test compares with the report it builds from that bundle."""
     text = page.read_text()
     begin = f"<!-- begin: gtr study report 1 --markdown, from {bundle} -->"
-    return text[text.index(begin) + len(begin) + 1 : text.index(REPORT_END)]
+    return text[text.index(begin) + len(begin) + 1 : text.index(END_MARKER)]
