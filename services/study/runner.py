@@ -9,7 +9,8 @@ next `gtr study run` of the same file resumes the study, every unfinished run af
 trained update, and never reruns a finished one.
 
 With a deadline (`--stop-by`), it starts only the runs it expects to finish by then (each run's
-updates left times the seconds per update its task and arm took here so far) and pauses the
+updates left times the seconds per update its task and arm took here so far, plus the warm start
+a seed's first run builds) and pauses the
 study once none fits; a run still training at the deadline stops as on Ctrl-C, to resume
 after its last trained update. A stopped study is `cancelled` until `gtr study run` resumes it.
 A host booked until a given time, or a session that exports the study's finished runs before it
@@ -201,7 +202,7 @@ def run_study(
     study_id, existed = open_study(cfg)
     fits: Fits | None = None
     too_long: list[str] = []  # why the last queued runs were not started (the deadline)
-    memo: dict[tuple, float | None] = {}  # seconds per update, per task and arm, this poll
+    memo = Estimates()  # what the deadline's estimates read from the store, this poll
     if deadline is not None:
 
         def fits(s: Session, run: Run) -> bool:
@@ -321,22 +322,35 @@ def _stopped(study_id: int) -> None:
             service.cancel_study(s, study)
 
 
-def seconds_needed(
-    session: Session, run: Run, memo: dict[tuple, float | None] | None = None
-) -> float | None:
+class Estimates:
+    """What `--stop-by` reads from the store once a poll, not once a queued run: each task and
+    arm's seconds per update, and each study's warm starts (which exist, what one costs)."""
+
+    def __init__(self) -> None:
+        self.per_update: dict[tuple, float | None] = {}
+        self.warm: dict[tuple, tuple[set[str], float]] = {}
+
+    def clear(self) -> None:
+        self.per_update.clear()
+        self.warm.clear()
+
+
+def seconds_needed(session: Session, run: Run, memo: Estimates | None = None) -> float | None:
     """About how long ``run`` takes to finish on this host: its updates left times the mean
     seconds per update (each update's stored ``update_s``, its evaluations included) of the
-    study's runs of the same task and arm (a trial: of its tuning arm), itself included. None
-    before any of them has trained an update. A warm start the run must build first is not
-    counted. ``memo`` keeps each task and arm's seconds per update across one poll's queued
-    runs (read once, not once a run)."""
+    study's runs of the same task and arm (a trial: of its tuning arm), itself included, plus
+    the warm start it must build before its first update (``warm_start_seconds``). None before
+    any of them has trained an update."""
     trial = (run.info or {}).get("tuning")
     key = (run.study_id, run.study_task, run.study_arm, str(trial and trial.get("arm")))
-    memo = {} if memo is None else memo
-    if key not in memo:
-        memo[key] = _seconds_per_update(session, run, trial)
-    per_update = memo[key]
-    return None if per_update is None else per_update * max(0, run.num_updates - run.updates_done)
+    memo = Estimates() if memo is None else memo
+    if key not in memo.per_update:
+        memo.per_update[key] = _seconds_per_update(session, run, trial)
+    per_update = memo.per_update[key]
+    if per_update is None:
+        return None
+    left = per_update * max(0, run.num_updates - (run.updates_done or 0))
+    return left + warm_start_seconds(session, run, memo)
 
 
 def _seconds_per_update(session: Session, run: Run, trial: object) -> float | None:
@@ -357,6 +371,51 @@ def _seconds_per_update(session: Session, run: Run, trial: object) -> float | No
         if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
     ]
     return sum(seconds) / len(seconds) if seconds else None
+
+
+def warm_start_seconds(session: Session, run: Run, memo: Estimates | None = None) -> float:
+    """The warm start ``run`` builds before its first update: the mean time its study's warm
+    starts of the same task took to build (each run records it, ``built_seconds``), when no run
+    of the study or of its tuning stage has one of its warm group yet (a sibling's is reused
+    from the cache). 0 for a run that has trained an update, has no cached warm start, or when
+    no warm start of the task has been timed yet. A warm start another study left in the cache
+    is not seen: the estimate errs long, by one warm start."""
+    if run.updates_done:
+        return 0.0
+    from shared.schemas import RunConfig
+
+    group = service.warm_group(RunConfig.model_validate(run.config))
+    trial = (run.info or {}).get("tuning")
+    study_id = run.study_id if run.study_id is not None else trial and trial.get("study_id")
+    if group is None or study_id is None:
+        return 0.0
+    memo = Estimates() if memo is None else memo
+    key = (study_id, run.config.get("task"))
+    if key not in memo.warm:
+        memo.warm[key] = _warm_starts(session, int(study_id), key[1])
+    built, seconds = memo.warm[key]
+    return 0.0 if group in built else seconds
+
+
+def _warm_starts(session: Session, study_id: int, task: object) -> tuple[set[str], float]:
+    """The warm groups of the study's (and its tuning stage's) runs of ``task`` that have a
+    warm start, and the mean seconds one took to build (0 when none has been timed)."""
+    from shared.schemas import RunConfig
+
+    runs = [*session.scalars(select(Run).where(Run.study_id == study_id))]
+    runs += trial_runs(session, study_id)
+    built: set[str] = set()
+    timed: dict[str, float] = {}  # warm-start key -> its build seconds, each counted once
+    for r in runs:
+        warm = (r.info or {}).get("warm_start")
+        if r.config.get("task") != task or not isinstance(warm, dict):
+            continue
+        group = service.warm_group(RunConfig.model_validate(r.config))
+        if group is not None:
+            built.add(group)
+        if isinstance(warm.get("built_seconds"), int | float) and warm.get("key"):
+            timed[str(warm["key"])] = float(warm["built_seconds"])
+    return built, (sum(timed.values()) / len(timed) if timed else 0.0)
 
 
 def duration_text(seconds: float) -> str:

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from services.controller.launch import queued_run
 from services.study.bundle import read_bundle
 from services.study.cli import load_study
+from services.study.runner import seconds_needed, warm_start_seconds
 from services.study.service import cell_of
 from services.study.tuning import apply_selection, grid_points
 from shared.db.models import Run
@@ -123,6 +125,43 @@ def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> No
     # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
     assert "- bc: selected trial 7" in page.stdout
     assert "  - at the grid's edge: lr 0.001 is the largest of the 4 values searched" in page.stdout
+
+
+def test_the_deadline_counts_the_warm_start_a_seeds_first_run_builds(imported: Imported) -> None:
+    """`--stop-by` (runner.seconds_needed): a seed whose warm start the carried runs built is
+    reused from the cache, while a seed no run has started builds one first; its estimate adds
+    what the study's warm starts took to build (each run records it), read from the carried
+    runs. Unsaved runs of two cells are estimated against the imported store, which they do not
+    change."""
+    cfg = load_study(V4)
+    carried = {a["arm"]: a["selected"]["params"] for a in read_bundle(BUNDLE)["tuning"]}
+    tuned = apply_selection(cfg, carried)
+    with session_scope(f"sqlite:///{imported.folder / 'gtr.sqlite3'}") as s:
+        runs = s.scalars(select(Run).where(Run.study_id == 1)).all()
+        started = {r.study_seed for r in runs}
+        built = {w["key"]: w["built_seconds"] for r in runs if (w := r.info.get("warm_start"))}
+        fresh = [c for c in cfg.cells() if c.seed not in started and c.arm == "gtr"]
+        again = [c for c in cfg.cells() if c.seed in started and c.arm == "gtr"]
+        assert fresh and again and built  # until the last seed has started (then: nothing new)
+        estimate = {}
+        for cell in (fresh[0], again[0]):
+            run = queued_run(
+                tuned.run_config(cell),
+                "default",
+                study_id=1,
+                study_task=cell.task,
+                study_arm=cell.arm,
+                study_seed=cell.seed,
+                study_variant=cell.variant,
+            )
+            estimate[cell.seed] = (seconds_needed(s, run), warm_start_seconds(s, run))
+        assert s.scalars(select(Run).where(Run.study_id == 1)).all() == runs
+    build = sum(built.values()) / len(built)
+    assert build > 0
+    (fresh_total, fresh_warm), (again_total, again_warm) = estimate.values()
+    assert fresh_warm == pytest.approx(build) and again_warm == 0.0
+    assert fresh_total is not None and again_total is not None
+    assert fresh_total == pytest.approx(again_total + build)
 
 
 def test_report_into_rewrites_the_pages_section_and_refuses_a_page_it_cannot_place(
