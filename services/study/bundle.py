@@ -7,7 +7,8 @@ its training episodes started from (the report's leak check). It leaves out step
 images and checkpoints, so a 63-run study fits in a few MB of gzip'd JSON that git can carry.
 That is how a study too long for one machine session moves on: export where it ran, import into
 the next session's store (SQLite or PostgreSQL), rerun the same study file, and only the cells
-with no finished run train. An imported run's page shows its curves but not its steps.
+with no finished run train. An imported run's page shows its curves but not its steps. A run
+stopped before its end (cancelled) is not carried: its cell trains again where the bundle goes.
 
 It also carries the cached warm start of each seed that still has cells to train (a few MB
 each, services/trainer/warmcache.py: pack_entry): a warm start rebuilt on another machine is
@@ -46,7 +47,11 @@ from shared.schemas import RunConfig
 
 FORMAT = "gtr-study-bundle"
 VERSION = 1
-FINISHED = ("completed", "failed", "cancelled")  # a run in flight has no final figures yet
+# A run in flight has no final figures yet, and neither has one stopped before its end
+# (`cancelled`: Ctrl-C, a `--stop-by` deadline, `gtr study cancel`): its curve stops part-way
+# and the checkpoints it would resume from are not carried, so its cell trains again after an
+# import instead.
+FINISHED = ("completed", "failed")
 # The run record's columns a bundle keeps (ids, heartbeats and live phase are the store's own).
 RUN_FIELDS = (
     "name",
@@ -90,6 +95,7 @@ class Imported:
     created: bool  # a new study, or runs added to one of the same name and team
     added: list[int] = field(default_factory=list)  # the new run ids
     skipped: int = 0  # bundle runs whose cell already has a run here
+    stopped: int = 0  # bundle runs stopped before their end (an older export's): not imported
     waiting: int = 0  # the study's cells with no finished run: what a rerun would train
     spec: StudyConfig | None = None  # the bundle's study file, checked
     tuning: list[CarriedArm] = field(default_factory=list)  # its tuning stage, checked
@@ -338,6 +344,9 @@ def import_study(session: Session, bundle: dict[str, Any], team: str | None = No
     out = Imported(study.id, created, spec=cfg, tuning=stage)
     for entry in runs:
         try:
+            if entry["status"] == "cancelled":  # an older export carried it: its cell trains
+                out.stopped += 1
+                continue
             key = tuple(entry[k] for k in RUN_FIELDS[-5:])
             if key in taken:
                 out.skipped += 1
@@ -438,8 +447,10 @@ def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int)
         return []
     from services.trainer.warmcache import CarryRefused, install_entry
 
-    started = {
-        service.warm_group(cfg.run_config(service.cell_of(r))) for r in _finished(session, study)
+    started = {  # the seeds whose finished runs started from a warm start
+        service.warm_group(cfg.run_config(service.cell_of(r)))
+        for r in _finished(session, study)
+        if (r.info or {}).get("warm_start")
     }
     lines, seen = [], set()
     for cell, packed in carried:
@@ -470,6 +481,11 @@ def install_warm_starts(session: Session, bundle: dict[str, Any], study_id: int)
 
 def _finished(session: Session, study: Study) -> list[Run]:
     return [r for r in service.study_runs(session, study.id) if r.status in FINISHED]
+
+
+def stopped_runs(session: Session, study_id: int) -> list[int]:
+    """The study's runs stopped before their end (cancelled), which a bundle does not carry."""
+    return [r.id for r in service.study_runs(session, study_id) if r.status == "cancelled"]
 
 
 _REBUILT = (

@@ -345,7 +345,7 @@ def study_figure(study_id: int, out: Path, metric: str | None, from_start: bool)
 def study_export(study_id: int, out: Path, warm_starts: bool) -> None:
     """Write a study's file and finished runs (what its report reads) to one bundle, with the
     warm starts its unfinished seeds need (from this machine's cache)."""
-    from services.study.bundle import export_study, write_bundle
+    from services.study.bundle import export_study, stopped_runs, write_bundle
     from services.study.service import StudyNotFound
     from shared.db.session import session_scope
 
@@ -354,6 +354,7 @@ def study_export(study_id: int, out: Path, warm_starts: bool) -> None:
     try:
         with session_scope() as s:
             bundle = export_study(s, study_id, warm_starts)
+            stopped = stopped_runs(s, study_id)
     except StudyNotFound:
         raise click.ClickException(f"study {study_id} not found") from None
     write_bundle(bundle, out)
@@ -362,6 +363,12 @@ def study_export(study_id: int, out: Path, warm_starts: bool) -> None:
         f"study {study_id}: {len(bundle['runs'])} finished runs ({done} completed) "
         f"-> {out} ({out.stat().st_size:,} bytes)"
     )
+    if stopped:
+        ids = ", ".join(map(str, stopped))
+        click.echo(
+            f"not carried: run{'s' if len(stopped) > 1 else ''} {ids}, stopped before "
+            "the end (cancelled); their cells train again where the bundle is imported"
+        )
     for item in bundle["warm_starts"]:
         seed = f"{item['cell']['task']} seed {item['cell']['seed']}"
         if item["entry"] is None:
@@ -408,6 +415,10 @@ def study_import(file: Path, team: str | None, max_mib: int) -> None:
         f"{len(got.added)} runs imported, {got.skipped} already here; "
         f"{got.waiting} cells have no finished run"
     )
+    if got.stopped:
+        click.echo(
+            f"{got.stopped} runs stopped before their end were left out: their cells train again"
+        )
     if got.waiting:
         click.echo(
             "rerun the study file with `gtr study run FILE` here (or `gtr study resume "

@@ -8,7 +8,7 @@ estimate); then with a second seed and a deadline half that run's length away (n
 and it says which run needs how long); then with a new arm, which has no estimate yet, and a
 deadline that comes while it trains (it stops, its trained updates kept for its resume). A
 paused study is `cancelled`, as `gtr study cancel` leaves one: nothing drives it until `gtr
-study run` resumes it.
+study run` resumes it; its export carries the finished run, not the stopped ones.
 Each deadline is half the first run's length: longer than a start of `gtr study run`, shorter
 than a run.
 The deadline's parsing and its refusals are checked without a study."""
@@ -107,6 +107,19 @@ def test_a_deadline_starts_only_runs_that_fit_and_pauses_at_a_runs_end(
         assert rl.status == "cancelled" and rl.updates_done < 12
         trained = len(s.scalars(select(Update.id).where(Update.run_id == rl.id)).all())
         assert trained == rl.updates_done  # what it trained is kept for the resume
+        stopped_ids = sorted(r.id for r in s.scalars(select(Run)) if r.status == "cancelled")
+
+    # The session exports for the next one: the bundle carries the finished run only. A stopped
+    # run's curve ends part-way and its checkpoints stay here, so its cell trains again there.
+    bundle = tmp_path / "booked.json.gz"
+    out = gtr_cli("study", "export", "1", "--out", str(bundle), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "1 finished runs (1 completed)" in out.stdout, out.stdout
+    assert f"{', '.join(map(str, stopped_ids))}, stopped before the end" in out.stdout
+    there = {**env, "GTR_DATA_DIR": str(tmp_path / "next")}
+    got = gtr_cli("study", "import", str(bundle), env=there)
+    assert got.returncode == 0 and "warning" not in got.stderr, got.stderr
+    assert "1 runs imported, 0 already here; 3 cells have no finished run" in got.stdout
 
 
 def test_the_deadline_is_read_in_three_forms_and_refused_in_words() -> None:
