@@ -41,6 +41,7 @@ from services.study.schemas import StudyConfig
 from services.study.tuning import of_study, trial_runs
 from shared.db.models import Run, Study, Update, utcnow
 from shared.db.session import session_scope
+from shared.schemas import RunConfig
 from shared.settings import get_settings
 
 log = logging.getLogger("gtr.study")
@@ -382,26 +383,22 @@ def warm_start_seconds(session: Session, run: Run, memo: Estimates | None = None
     is not seen: the estimate errs long, by one warm start."""
     if run.updates_done:
         return 0.0
-    from shared.schemas import RunConfig
-
     group = service.warm_group(RunConfig.model_validate(run.config))
     trial = (run.info or {}).get("tuning")
     study_id = run.study_id if run.study_id is not None else trial and trial.get("study_id")
     if group is None or study_id is None:
         return 0.0
     memo = Estimates() if memo is None else memo
-    key = (study_id, run.config.get("task"))
-    if key not in memo.warm:
-        memo.warm[key] = _warm_starts(session, int(study_id), key[1])
-    built, seconds = memo.warm[key]
+    task = run.config.get("task")
+    if (study_id, task) not in memo.warm:
+        memo.warm[(study_id, task)] = _warm_starts(session, int(study_id), task)
+    built, seconds = memo.warm[(study_id, task)]
     return 0.0 if group in built else seconds
 
 
 def _warm_starts(session: Session, study_id: int, task: object) -> tuple[set[str], float]:
     """The warm groups of the study's (and its tuning stage's) runs of ``task`` that have a
     warm start, and the mean seconds one took to build (0 when none has been timed)."""
-    from shared.schemas import RunConfig
-
     runs = [*session.scalars(select(Run).where(Run.study_id == study_id))]
     runs += trial_runs(session, study_id)
     built: set[str] = set()
