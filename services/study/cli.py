@@ -74,7 +74,8 @@ def study() -> None:
     "stop_by",
     metavar="WHEN",
     help="Start only the runs expected to finish by WHEN, then pause (exit 0, cells left): a "
-    "duration (90m, 2h, 1h30m), a clock time today (18:40) or a date-time (2026-12-06T18:40). "
+    "duration (90m, 2h, 1h30m), a clock time (18:40: its next, within 12 h) or a date-time "
+    "(2026-12-06T18:40). "
     "A run still training then goes back to the queue, to resume after its last update.",
 )
 def study_run(file: Path, jobs: int, stop_by: str | None) -> None:

@@ -423,14 +423,20 @@ def duration_text(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
+# How far ahead a clock time already past today may point (to tomorrow's): far enough for an
+# evening session's deadline after midnight, short enough that a mistyped hour is refused
+# rather than read as nearly a day of training.
+CLOCK_AHEAD = timedelta(hours=12)
+
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 
 def parse_deadline(when: str, now: datetime | None = None) -> datetime:
     """`--stop-by`'s WHEN as an aware time: a duration from now ('90m', '2h', '1h30m', '45s'), a
-    clock time today on this host ('18:40'), or an ISO 8601 date-time ('2026-12-06T18:40',
-    this host's time zone unless it gives one). ValueError, in words, for anything else or a
-    time already past."""
+    clock time on this host ('18:40': the next time the clock shows it, so '00:30' at 22:30
+    is tonight's, but only within `CLOCK_AHEAD`: '11:00' at noon is a slip, not tomorrow's),
+    or an ISO 8601 date-time ('2026-12-06T18:40', this host's time zone unless it gives one).
+    ValueError, in words, for anything else or a time already past."""
     now = now or datetime.now(UTC)
     text = when.strip().lower().replace(" ", "")
     if (m := _DURATION.fullmatch(text)) and any(m.groups()):
@@ -443,16 +449,19 @@ def parse_deadline(when: str, now: datetime | None = None) -> datetime:
         if re.fullmatch(r"\d{1,2}:\d{2}", text):
             hour, minute = (int(x) for x in text.split(":"))
             at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+            if at <= now and at + timedelta(days=1) - now <= CLOCK_AHEAD:
+                at += timedelta(days=1)  # a deadline across midnight
         else:
             at = datetime.fromisoformat(when.strip())
             at = at if at.tzinfo else at.replace(tzinfo=local.tzinfo)
     except ValueError:
         raise ValueError(
-            f"{when!r} is not a time: give a duration (90m, 2h, 1h30m), a clock time today "
+            f"{when!r} is not a time: give a duration (90m, 2h, 1h30m), a clock time "
             "(18:40) or a date-time (2026-12-06T18:40)"
         ) from None
     if at <= now:
-        raise ValueError(f"{when!r} is already past (it is {local:%Y-%m-%d %H:%M} here)")
+        later = " (for tomorrow's, give its date-time)" if ":" in text and "-" not in text else ""
+        raise ValueError(f"{when!r} is already past (it is {local:%Y-%m-%d %H:%M} here){later}")
     return at
 
 

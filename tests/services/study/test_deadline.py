@@ -128,9 +128,16 @@ def test_the_deadline_is_read_in_three_forms_and_refused_in_words() -> None:
     assert parse_deadline("1h30m", now) == parse_deadline("90m", now)
     assert parse_deadline("45s", now) == now + timedelta(seconds=45)
     assert parse_deadline("2026-12-06T18:40+00:00", now) == now + timedelta(hours=2, minutes=40)
-    # A clock time is today's on this host: at local noon, 13:00 is in an hour, 11:00 past.
+    # A clock time is the next time this host's clock shows it, within 12 hours once past
+    # today's: at local noon 13:00 is in an hour and 11:00 a slip; at 22:30, 00:30 is tonight's.
     noon = datetime.now().astimezone().replace(hour=12, minute=0, second=0, microsecond=0)
     assert parse_deadline("13:00", noon) == noon + timedelta(hours=1)
+    assert parse_deadline("23:59", noon) == noon + timedelta(hours=11, minutes=59)
+    late = noon.replace(hour=22, minute=30)
+    assert parse_deadline("00:30", late) == late + timedelta(hours=2)
+    assert parse_deadline("10:29", late) == late + timedelta(hours=11, minutes=59)
+    with pytest.raises(ValueError, match="is already past"):
+        parse_deadline("10:31", late)
     for when, says in [
         ("soon", "is not a time"),
         ("25:99", "is not a time"),
