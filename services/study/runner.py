@@ -446,7 +446,7 @@ def parse_deadline(when: str, now: datetime | None = None) -> datetime:
         return now + timedelta(hours=h, minutes=mins, seconds=secs)
     local = now.astimezone()
     try:
-        if re.fullmatch(r"\d{1,2}:\d{2}", text):
+        if clock := re.fullmatch(r"\d{1,2}:\d{2}", text):
             hour, minute = (int(x) for x in text.split(":"))
             at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
             if at <= now and at + timedelta(days=1) - now <= CLOCK_AHEAD:
@@ -460,7 +460,7 @@ def parse_deadline(when: str, now: datetime | None = None) -> datetime:
             "(18:40) or a date-time (2026-12-06T18:40)"
         ) from None
     if at <= now:
-        later = " (for tomorrow's, give its date-time)" if ":" in text and "-" not in text else ""
+        later = " (for tomorrow's, give its date-time)" if clock else ""
         raise ValueError(f"{when!r} is already past (it is {local:%Y-%m-%d %H:%M} here){later}")
     return at
 
