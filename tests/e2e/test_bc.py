@@ -24,13 +24,13 @@ def test_bc_with_the_exact_corrector_lifts_greedy_success_above_its_warm_start(
     tmp_path: Path, warm_checkpoint: Path
 ) -> None:
     arm = tomllib.loads((ROOT / "configs/repro/arms.toml").read_text())["bc"]
-    text = tiny_config(warm_checkpoint, envs=8, steps=8, updates=6)
+    text = tiny_config(warm_checkpoint, envs=8, steps=8, updates=10)
     for old, new in (
         ('algorithm = "gtr"', f'algorithm = "{arm["algorithm"]}"'),
         ("[train]\n", f'[train]\nsft_target = "{arm["train.sft_target"]}"\nlr = 1e-3\n'),
         ("minibatch_size = 8", "minibatch_size = 16"),
         ("ppo_epochs = 1", "ppo_epochs = 2"),
-        ("probe_states = 4", "probe_states = 2\neval_episodes = 32\neval_every = 6"),
+        ("probe_states = 4", "probe_states = 2\neval_episodes = 32\neval_every = 10"),
         ("image_size = 64\n[model]", 'image_size = 64\ninvalid_action = "noop"\n[model]'),
     ):
         assert old in text
@@ -46,6 +46,10 @@ def test_bc_with_the_exact_corrector_lifts_greedy_success_above_its_warm_start(
     # The suite's warm start is not the same on every machine (measured 0.8125 on one, 0.25 on
     # another, each reproducible there): its 300 training steps amplify small float differences
     # (the CPU's kernels, the library builds installed). What bc must show is the lift from the
-    # start it gets, to near the task's ceiling: 0.8125 -> 1.0 and 0.25 -> 0.875 measured.
+    # start it gets, to near the task's ceiling: 0.8125 -> 1.0 and 0.25 -> 0.875 measured at 6
+    # updates. Ten, because lr 1e-3 on a fresh optimizer first shakes a strong start: on a CPU
+    # without AVX-512 the 0.8125 start fell to 0.47-0.59 over updates 0-4 and was at 0.75 after
+    # update 5, then at 1.0 from update 7 on (evaluated after every update; lr 3e-4 stayed at
+    # 0.75 through update 5).
     assert final >= min(1.0, start + 0.125) and final >= 0.75, (start, final)
     assert all(r["sft_draws"] > 0 for r in rows[1:])  # it imitated the corrections
