@@ -106,10 +106,27 @@ def evaluated_at(u: int, num_updates: int, every: int, episodes: int) -> bool:
     return bool(episodes) and (u == 0 or (u + 1) % max(every, 1) == 0 or u + 1 == num_updates)
 
 
-def stage_seconds(rows: list[dict]) -> dict[str, float] | None:
-    """Mean seconds per stage of an update over recent update rows' metrics: ``rollout``
-    (collecting), ``train`` (the trainer), ``eval`` (a greedy evaluation, where one ran) and
-    ``other`` (waiting for corrections, the probe, recording)."""
+def generating_s(metrics: dict) -> float | None:
+    """Seconds an update's rollout spent generating: ``time/generate_s``, or where the policy
+    service played the env steps too, ``time/stream_wait_s``; None where neither was recorded."""
+    for key in ("time/generate_s", "time/stream_wait_s"):
+        v = metrics.get(key)
+        if isinstance(v, int | float) and v > 0:
+            return float(v)
+    return None
+
+
+def stage_seconds(rows: list[dict], evaluated: list[dict] | None = None) -> dict[str, float] | None:
+    """Mean seconds per stage of an update over recent update rows' metrics (``rows``, the
+    latest first): ``rollout`` (collecting), ``train`` (the trainer), ``eval`` (a greedy
+    evaluation) and ``other`` (waiting for corrections, the probe, recording).
+
+    ``evaluated``: the run's latest evaluated updates, where ``rows`` (a few updates) may hold
+    none (a run evaluated every 10th update). An evaluation costs what generating costs when it
+    runs: a policy whose outputs grew to the token cap makes both its rollouts and its
+    evaluations slower (measured: 3x within 3 updates). Rollouts are measured every update,
+    evaluations every N-th, so each evaluation's seconds per second of its update's rollout
+    generation is scaled by the latest rollout's generation seconds."""
     timed = [m for m in rows if isinstance(m.get("update_s"), int | float)]
     if not timed:
         return None
@@ -124,19 +141,25 @@ def stage_seconds(rows: list[dict]) -> dict[str, float] | None:
     def spent(m: dict) -> float:
         return num(m, "rollout_s") + num(m, "train_s") + num(m, "eval_s")
 
-    evals = [num(m, "eval_s") for m in timed if "eval_s" in m]
+    measured = [m for m in (evaluated if evaluated is not None else timed) if "eval_s" in m]
+    evals = [num(m, "eval_s") for m in measured]
     plain = [m for m in timed if "eval/success_rate" not in m]
     if not evals:  # rows from before eval_s was recorded: an evaluated update's extra seconds
         with_eval = [num(m, "update_s") for m in timed if "eval/success_rate" in m]
         base = mean([num(m, "update_s") for m in plain]) if plain else 0.0
         evals = [max(0.0, s - base) for s in with_eval] if plain else []
+    eval_s = mean(evals)
+    now = generating_s(timed[0])
+    per_generating = [num(m, "eval_s") / g for m in measured if (g := generating_s(m))]
+    if now is not None and per_generating and len(per_generating) == len(measured):
+        eval_s = mean(per_generating) * now
     rollout = mean([num(m, "rollout_s") for m in timed])
     train = mean([num(m, "train_s") for m in timed])
     recorded = any("eval_s" in m for m in timed)  # else an evaluated row's extra is unknown
     other = mean(
         [max(0.0, num(m, "update_s") - spent(m)) for m in (timed if recorded else plain or timed)]
     )
-    return {"rollout": rollout, "train": train, "eval": mean(evals), "other": other}
+    return {"rollout": rollout, "train": train, "eval": eval_s, "other": other}
 
 
 def run_left_s(

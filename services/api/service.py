@@ -21,6 +21,7 @@ from shared.db.models import (
     Correction,
     CorrectorSpend,
     Episode,
+    EvalOutcome,
     Run,
     Step,
     Update,
@@ -114,6 +115,16 @@ def corrector_cost(session: Session, run_id: int) -> dict[str, float]:
 
 
 RATE_WINDOW = 5  # the ETA's rate: the mean wall time of the run's last few updates
+EVAL_WINDOW = 3  # and of its last few evaluations, however far back (eval_every may be 10)
+
+
+def _evaluated_updates(run_id: int) -> Any:
+    """The updates of a run that ended with an evaluation (their deals' outcomes recorded)."""
+    return (
+        select(EvalOutcome.update_idx)
+        .where(EvalOutcome.run_id == run_id, EvalOutcome.update_idx >= 0)
+        .distinct()
+    )
 
 
 def _aware(t: datetime, like: datetime) -> datetime:
@@ -125,7 +136,8 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
     ETA at each stage's own measured rate, counting down within the stage: during the warm
     start, its current stage's steps per second as last reported (``eta_of`` "warm start": the
     updates' rate is not known yet); then the recent updates' rollout, training, evaluation and
-    other seconds, each stage's time left being its mean less the time it has already run."""
+    other seconds, each stage's time left being its mean less the time it has already run (an
+    evaluation's at the latest rollout's generation cost: ``shared.phase.stage_seconds``)."""
     from shared.db.models import utcnow
     from shared.phase import run_left_s, stage_seconds
 
@@ -156,7 +168,14 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
         .order_by(Update.idx.desc())
         .limit(RATE_WINDOW)
     ).all()
-    stages = stage_seconds(list(rows))
+    evaluated = session.scalars(
+        select(Update.metrics)
+        .where(Update.run_id == run.id, Update.idx < run.updates_done)
+        .where(Update.idx.in_(_evaluated_updates(run.id)))
+        .order_by(Update.idx.desc())
+        .limit(EVAL_WINDOW)
+    ).all()
+    stages = stage_seconds(list(rows), list(evaluated))
     if stages is None:
         return out
     metrics = (run.config or {}).get("metrics") or {}
