@@ -141,7 +141,8 @@ def stage_seconds(rows: list[dict], evaluated: list[dict] | None = None) -> dict
     def spent(m: dict) -> float:
         return num(m, "rollout_s") + num(m, "train_s") + num(m, "eval_s")
 
-    measured = [m for m in (evaluated if evaluated is not None else timed) if "eval_s" in m]
+    # The run's evaluated updates where it has them; else the rows' own (an imported run's).
+    measured = [m for m in evaluated or [] if "eval_s" in m] or [m for m in timed if "eval_s" in m]
     evals = [num(m, "eval_s") for m in measured]
     plain = [m for m in timed if "eval/success_rate" not in m]
     if not evals:  # rows from before eval_s was recorded: an evaluated update's extra seconds
