@@ -102,11 +102,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["GTR_DATABASE_URL"] = url
         _state["pg_name"], _state["pg_url"] = name, url
     # A Redis database index of our own keeps concurrent test sessions' queues apart: one per
-    # pytest-xdist worker of this session (gw0, gw1 ...), the session told apart by the pid of
-    # the process that started the workers.
+    # pytest-xdist worker of this session (gw0, gw1 ...; distinct while there are at most 15),
+    # the session told apart by the pid of the process that started the workers.
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     session = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
-    redis_url = f"{REDIS_BASE}/{1 + (worker + 2 * (session % 7)) % 14}"
+    redis_url = f"{REDIS_BASE}/{1 + (worker + workers * session) % 15}"
     if _redis_available(redis_url):
         os.environ["GTR_REDIS_URL"] = redis_url
         _state["redis_url"] = redis_url
@@ -337,7 +338,7 @@ def free_ports(n: int = 1) -> int:
     """The first of `n` consecutive ports free on 127.0.0.1 (`gtr up` takes port .. port+2).
 
     Drawn at random below the kernel's ephemeral range: a port the kernel hands out for bind(0)
-    is also what it gives the next outgoing connection, so with two pytest-xdist workers opening
+    is also what it gives the next outgoing connection, so with pytest-xdist workers opening
     connections and servers at once, a port found free that way can be taken again before the
     server binds it; below the range only another draw can take it."""
     low, rng = _ephemeral_low(), random.SystemRandom()
