@@ -31,9 +31,9 @@ demo: $(VENV)/.demo-installed
 	$(BIN)/gtr train $(CONFIG)
 
 # Four pytest-xdist workers on 2 cores, a test file per worker at a time (module fixtures such
-# as a full stack stay in one process): most tests wait on servers, workers and subprocesses (the
-# suite's processes used 1.25 cores on average at 4 workers), so two files at a time left the
-# cores half idle. Measured on one 2-core host: 1,586 s at 2 workers, 1,269 s at 4.
+# as a full stack stay in one process): most tests wait on servers, workers and subprocesses, so
+# two files at a time left the cores half idle (at 4, `.ci/run` used 1.76 cores on average). On
+# one 2-core host, idle: 1,697 s at 2 workers, 743 s at 4 (docs/benchmarks.md).
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -rs -n 4 --dist loadfile
 
