@@ -428,7 +428,10 @@ def _games_are_confined_on_reset(url: str, secret: Path) -> None:
     )
     assert r.status_code == 422 and str(SAMPLE) not in r.text, r.text
     assert r.json()["detail"].startswith("options.game: "), r.text
-    ok = httpx.post(f"{url}/envs/{sid}/reset", json={"options": {"game": 0}}, headers=auth)
+    # A real game loads and renders here (the refusals above do not): seconds on a loaded host.
+    ok = httpx.post(
+        f"{url}/envs/{sid}/reset", json={"options": {"game": 0}}, headers=auth, timeout=60
+    )
     assert ok.status_code == 200, ok.text[:300]
 
 

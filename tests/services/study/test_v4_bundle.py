@@ -1,10 +1,11 @@
-"""Study v4's state carried in git (docs/results/v4/study.json.gz, written by `gtr study export`
-where it ran; issue 56): the study runs across sessions, and each session goes on from this
-bundle. It imports into a fresh embedded store as a user would: its tuning stage arrives with
+"""Study v4's state carried in git (docs/results/v4/study.json.gz for EZPoints and
+docs/results/v4-points24/study.json.gz for Points24, written by `gtr study export` where they
+ran; issue 56): the studies run across sessions, and each session goes on from these bundles.
+Each imports into a fresh embedded store as a user would: its tuning stage arrives with
 every finished trial at a point of the arm's declared grid (so the study here does not tune
 again and cannot mix two settings in one arm), the warm starts of the seeds still to train are
-filed, and every finished run is a cell of the grid configs/studies/v4.toml declares, trained
-with the settings its arm's tuning chose. docs/results.md's verdict section is the report that
+filed, and every finished run is a cell of the grid its study file declares, trained with the
+settings its arm's tuning chose. docs/results.md's verdict section is the report the EZPoints
 bundle gives, as `gtr study report --markdown` prints it."""
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from tests.services.study.tiny_study import gtr_cli, page_section
 BUNDLE_PATH = "docs/results/v4/study.json.gz"
 BUNDLE = ROOT / BUNDLE_PATH
 V4 = ROOT / "configs" / "studies" / "v4.toml"
+# Points24's study (its own file: a study tunes its arms on one task), carried beside EZPoints'.
+POINTS24_BUNDLE = ROOT / "docs" / "results" / "v4-points24" / "study.json.gz"
+V4_POINTS24 = ROOT / "configs" / "studies" / "v4-points24.toml"
 RESULTS = ROOT / "docs" / "results.md"
 FIGURE = ROOT / "docs" / "results" / "v4" / "curves-from-start.png"
 
@@ -45,22 +49,50 @@ class Imported:
     out: subprocess.CompletedProcess[str]  # `gtr study import`'s
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
-    """The bundle imported into a fresh embedded store by `gtr study import`, as a user would."""
+def import_bundle(tmp_path_factory: pytest.TempPathFactory, bundle: Path) -> Imported:
+    """A bundle imported into a fresh embedded store by `gtr study import`, as a user would."""
     folder = tmp_path_factory.mktemp("v4-bundle")
     env: dict[str, str | None] = {
         "GTR_DATA_DIR": str(folder),
         "GTR_DATABASE_URL": None,
         "GTR_REDIS_URL": None,
     }
-    return Imported(folder, env, gtr_cli("study", "import", str(BUNDLE), env=env))
+    return Imported(folder, env, gtr_cli("study", "import", str(bundle), env=env))
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
+    """EZPoints' bundle, imported: the one docs/results.md reports."""
+    return import_bundle(tmp_path_factory, BUNDLE)
 
 
 def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> None:
-    cfg = load_study(V4)
+    check_carried(BUNDLE, V4, imported)
+
+    # docs/results.md's verdict section is this report, as `gtr study report --markdown` prints
+    # it from the imported rows: the page a reviewer reads is what the carried data gives, and
+    # an export that changes the data without the page fails here.
+    page = gtr_cli("study", "report", "1", "--markdown", env=imported.env)
+    assert page.returncode == 0, page.stderr
+    assert page.stdout == page_section(RESULTS, BUNDLE_PATH)
+    # A choice at an end of a grid that could have found an interior best is named under the
+    # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
+    assert "- bc: selected trial 7" in page.stdout
+    assert "  - at the grid's edge: lr 0.001 is the largest of the 4 values searched" in page.stdout
+
+
+def test_the_carried_points24_study_goes_on_where_it_stopped(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    check_carried(POINTS24_BUNDLE, V4_POINTS24, import_bundle(tmp_path_factory, POINTS24_BUNDLE))
+
+
+def check_carried(path: Path, study_file: Path, imported: Imported) -> None:
+    """The bundle at ``path`` imported (``imported``) is the study ``study_file`` declares, as far
+    as it has gone: its tuning stage, the warm starts it still needs, its finished runs."""
+    cfg = load_study(study_file)
     assert cfg.tuning is not None
-    bundle = read_bundle(BUNDLE)
+    bundle = read_bundle(path)
     assert bundle["study"]["name"] == cfg.name
     env, got, tmp_path = imported.env, imported.out, imported.folder
     assert got.returncode == 0, got.stderr
@@ -116,17 +148,6 @@ def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> No
             assert run.status == "completed" and run.updates_done == run.num_updates
             ran, declared = RunConfig.model_validate(run.config), tuned.run_config(cell)
             assert ran.model_dump(exclude=unread) == declared.model_dump(exclude=unread), cell
-
-    # docs/results.md's verdict section is this report, as `gtr study report --markdown` prints
-    # it from the imported rows: the page a reviewer reads is what the carried data gives, and
-    # an export that changes the data without the page fails here.
-    page = gtr_cli("study", "report", "1", "--markdown", env=env)
-    assert page.returncode == 0, page.stderr
-    assert page.stdout == page_section(RESULTS, BUNDLE_PATH)
-    # A choice at an end of a grid that could have found an interior best is named under the
-    # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
-    assert "- bc: selected trial 7" in page.stdout
-    assert "  - at the grid's edge: lr 0.001 is the largest of the 4 values searched" in page.stdout
 
 
 def test_the_deadline_counts_the_warm_start_a_seeds_first_run_builds(imported: Imported) -> None:
