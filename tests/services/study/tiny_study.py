@@ -141,4 +141,5 @@ def page_section(page: Path, bundle: str) -> str:
     markers: what a test compares with the report it builds from that bundle."""
     text = page.read_text()
     begin = f"<!-- begin: gtr study report 1 --markdown, from {bundle} -->"
-    return text[text.index(begin) + len(begin) + 1 : text.index(END_MARKER)]
+    start = text.index(begin) + len(begin) + 1
+    return text[start : text.index(END_MARKER, start)]  # its own end: a page may hold two
