@@ -66,15 +66,17 @@ def test_a_one_at_a_time_server_gets_each_step_once_without_timeouts(
     fake_openai: FakeOpenAI,
 ) -> None:
     fake_openai.serial = threading.Lock()  # like llama.cpp with one slot: the rest queue
-    fake_openai.default = Reply(body=chat(YES).body, delay_s=0.1)
-    params = {"timeout_s": 0.6, "max_retries": 2, "backoff_base_s": 0.01, "concurrency": 8}
+    # Three times the scale first written (0.1 s, 0.6 s): the same queue-to-timeout ratios, and
+    # a loaded host's scheduling jitter (tenths of a second) no longer times out a request.
+    fake_openai.default = Reply(body=chat(YES).body, delay_s=0.3)
+    params = {"timeout_s": 1.8, "max_retries": 2, "backoff_base_s": 0.01, "concurrency": 8}
     corrector = OpenAICorrector(fake_openai.url, "m", None, params)
     with ThreadPoolExecutor(8) as pool:  # the embedded pool's eight threads
         results = list(pool.map(lambda i: corrector.correct(_request(i)).verdict, range(16)))
     assert results == ["correct"] * 16
     # AIMD kept the queue at the server short: nothing timed out, nothing was sent twice.
     assert sorted(_thoughts(fake_openai)) == sorted(f"step {i}" for i in range(16))
-    # At most 5 in flight: the last in the server's line waits 5 x 0.1 s, inside the 0.6 s
+    # At most 5 in flight: the last in the server's line waits 5 x 0.3 s, inside the 1.8 s
     # timeout (a loaded host's slower answers once opened it to 5; the fixed 8 would time out).
     assert corrector.limit.peak_in_flight <= 5 < 8
 
