@@ -63,6 +63,27 @@ def tool_call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class OneSlot:
+    """One request served at a time, in the order they came, as llama.cpp's one-slot server
+    queues them. A plain Lock is not fair: a request that came later can take it first and starve
+    an earlier one past its timeout, which no real server does."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._issued = 0  # tickets handed out
+        self._serving = 0  # the ticket now served
+
+    def __enter__(self) -> None:
+        with self._cond:
+            ticket, self._issued = self._issued, self._issued + 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
 class FakeOpenAI:
     def __init__(self) -> None:
         self.script: list[Reply] = []
@@ -72,7 +93,7 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         # Set: one request at a time, like llama.cpp's server with one slot; the others queue.
-        self.serial: threading.Lock | None = None
+        self.serial: OneSlot | None = None
         # Set: a delayed reply goes out at once (a test ends without waiting out a slow one).
         self.release = threading.Event()
         fake = self

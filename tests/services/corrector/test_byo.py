@@ -20,7 +20,7 @@ from shared.db.session import session_scope
 from shared.schemas import CorrectionRequest
 from shared.settings import get_settings
 from tests.conftest import live_server
-from tests.services.corrector.conftest import FakeOpenAI, Reply, chat
+from tests.services.corrector.conftest import FakeOpenAI, OneSlot, Reply, chat
 from tests.services.corrector.helpers import make_run, make_step
 
 STATE = {"current": 2, "target": 4}
@@ -65,7 +65,7 @@ def test_aimd_grows_while_latency_holds_and_halves_once_per_overload() -> None:
 def test_a_one_at_a_time_server_gets_each_step_once_without_timeouts(
     fake_openai: FakeOpenAI,
 ) -> None:
-    fake_openai.serial = threading.Lock()  # like llama.cpp with one slot: the rest queue
+    fake_openai.serial = OneSlot()  # like llama.cpp with one slot: the rest queue in line
     # Three times the scale first written (0.1 s, 0.6 s): the same queue-to-timeout ratios, and
     # a loaded host's scheduling jitter (tenths of a second) no longer times out a request.
     fake_openai.default = Reply(body=chat(YES).body, delay_s=0.3)
@@ -82,7 +82,7 @@ def test_a_one_at_a_time_server_gets_each_step_once_without_timeouts(
 
 
 def test_a_fixed_concurrency_of_8_times_out_on_the_same_server(fake_openai: FakeOpenAI) -> None:
-    fake_openai.serial = threading.Lock()
+    fake_openai.serial = OneSlot()
     fake_openai.default = Reply(body=chat(YES).body, delay_s=0.1)
     params = {"timeout_s": 0.45, "max_retries": 0, "concurrency": 8, "adaptive": False}
     corrector = OpenAICorrector(fake_openai.url, "m", None, params)
@@ -117,7 +117,7 @@ def test_unusable_answer_is_422_through_our_service_never_retried(
 def test_embedded_pool_calls_each_step_once_and_reports_its_backlog(
     pg_url: str, fake_openai: FakeOpenAI
 ) -> None:
-    fake_openai.serial = threading.Lock()
+    fake_openai.serial = OneSlot()
     fake_openai.default = Reply(body=chat(YES).body, delay_s=0.3)
     inline = {"name": "byo", "kind": "openai", "base_url": fake_openai.url, "model": "m"}
     inline["params"] = {"max_retries": 0, "concurrency": 1, "timeout_s": 5}

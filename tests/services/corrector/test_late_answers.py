@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 
 import pytest
@@ -24,7 +23,7 @@ from shared.db.session import session_scope
 from shared.schemas import RunConfig
 from shared.settings import Settings
 from shared.storage import blob_store
-from tests.services.corrector.conftest import FakeOpenAI, Reply, chat
+from tests.services.corrector.conftest import FakeOpenAI, OneSlot, Reply, chat
 
 AGENT = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
 YES = json.dumps({"answer1": "2, 4", "answer2": "yes", "evaluation": "YES", "correction": None})
@@ -115,7 +114,7 @@ def test_the_end_of_a_run_drains_its_backlog_until_the_deadline_then_records_lat
     backlog drains for corrector.drain_s (1.1 s: ~3 answers); the rest are recorded ``late``,
     not failed, and never sent after that."""
     caplog.set_level(logging.INFO)
-    fake_openai.serial = threading.Lock()
+    fake_openai.serial = OneSlot()
     fake_openai.default = Reply(body=chat(YES).body, delay_s=0.3)
     run_id, ids = _steps(6)
     pool = _pool(fake_openai, "one-slot", concurrency=1, adaptive=False)
