@@ -12,6 +12,7 @@ from rich.text import Text
 from services.study.outputs import ComparisonOut, IntervalOut
 from services.study.questions import AxisReport
 from services.study.report import GroupReport, MetricBlock, StudyReport
+from services.study.statistics import POWER_MAX_SEEDS
 from services.study.tuning import report_lines as tuning_lines
 
 
@@ -83,7 +84,18 @@ def undecided_why(c: ComparisonOut, alpha: float) -> str:
 
 
 def need_text(c: ComparisonOut) -> str:
-    return "–" if c.seeds_for_power is None else str(c.seeds_for_power)
+    """Seeds for 80 % power in a table cell: "> 40" where the estimate ran past its cap (a
+    difference this small against its spread), "–" where no difference was observed."""
+    if c.seeds_for_power is not None:
+        return str(c.seeds_for_power)
+    return f"> {POWER_MAX_SEEDS}" if c.effect_size else "–"
+
+
+def power_text(c: ComparisonOut) -> str | None:
+    """The seeds an undecided comparison would need, in words (None: no difference observed)."""
+    if c.seeds_for_power is not None:
+        return f"about {c.seeds_for_power} seeds for 80 % power"
+    return f"more than {POWER_MAX_SEEDS} seeds for 80 % power" if c.effect_size else None
 
 
 def cost_items(g: GroupReport) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from services.study.console import (
     need_text,
     num,
     p_text,
+    power_text,
     rho_text,
     undecided_why,
 )
@@ -114,8 +115,8 @@ def _answers(report: StudyReport) -> list[str]:
                 continue
             verdict = f"**{text(c.verdict)}**" if c.winner else text(c.verdict)
             why = undecided_why(c, report.alpha)
-            if why and c.seeds_for_power is not None:
-                why += f"; about {c.seeds_for_power} seeds for 80 % power"
+            if why and (power := power_text(c)):
+                why += f"; {power}"
             holm = "–" if c.p_holm is None else f"{c.p_holm:.4f}"
             pair = f"{text(c.a)} vs {text(c.b)}"
             cells = [where, pair, verdict, interval(c.mean_diff), str(len(c.seeds)), holm]

@@ -42,7 +42,8 @@ class ComparisonOut(BaseModel):
     effect_size: float | None = Field(description="Mean / sd of the differences (d_z)")
     seeds_for_power: int | None = Field(
         description="Estimate: seeds at which the sign-flip test reaches 80 % power against "
-        "differences like the observed ones (normal, their mean and sd)"
+        "differences like the observed ones (normal, their mean and sd). None: no difference "
+        "observed (effect_size 0 or None), or more than 40 seeds (a non-zero effect_size)"
     )
     p_improvement: IntervalOut = Field(description="P(a run of A beats a run of B)")
     runs: list[int] = Field(description="Run ids of both arms on the shared seeds")

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from services.api.routes.search import _csv
 from services.api.routes.ui import PAGE_SIZE, Db, User, not_found_page, render
 from services.study import kept, service
-from services.study.console import undecided_why
+from services.study.console import need_text, power_text, undecided_why
 from services.study.outputs import ComparisonOut
 from services.study.report import Curve, MetricBlock, StudyReport
 from shared.db.models import ApiToken
@@ -93,6 +93,8 @@ def study_page(request: Request, study_id: StudyId, db: Db, me: User) -> HTMLRes
         arm_runs=_arm_runs,
         compare_url=_compare_url,
         why=undecided_why,
+        need=need_text,
+        power=power_text,
         shown=shown_comparisons,
         unvalued=unvalued_arms,
     )

@@ -79,6 +79,17 @@ def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> No
     # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
     assert "- bc: selected trial 7" in page.stdout
     assert "  - at the grid's edge: lr 0.001 is the largest of the 4 values searched" in page.stdout
+    # An undecided comparison says what the seeds it would need are, past the power estimate's
+    # cap too (GTR 0.08 ahead of SFT-only at 0.7, the seeds split 4 to 5), rather than a blank.
+    row = next(
+        r
+        for r in page.stdout.splitlines()
+        if r.startswith("| ezpoints · acc-0.7 | gtr vs sft_only")
+    )
+    assert row.endswith(
+        "the seeds disagree: gtr ahead at 4, sft_only at 5 (p = 0.246 ≥ α = 0.05); "
+        "more than 40 seeds for 80 % power |"
+    ), row
 
 
 def test_the_carried_points24_study_goes_on_where_it_stopped(
