@@ -213,44 +213,57 @@ def render(report: Any) -> None:
     "`<!-- begin: gtr study report ID --markdown -->` and `<!-- end: gtr study report -->` "
     "(implies --markdown; the rest of the page is kept as it is).",
 )
-def study_report(study_id: int, as_json: bool, as_markdown: bool, into: Path | None) -> None:
+@click.option(
+    "--brief",
+    is_flag=True,
+    help="With --markdown or --into: the summary (the answers, each arm's score and change from "
+    "its start, the tuned settings), for a page that opens with several studies' answers; "
+    "--into writes it between `<!-- begin: gtr study report ID --markdown --brief -->` and "
+    "`<!-- end: gtr study report -->`.",
+)
+def study_report(
+    study_id: int, as_json: bool, as_markdown: bool, into: Path | None, brief: bool
+) -> None:
     """Print a study's verdict table from the database the settings name."""
     if as_json and (as_markdown or into):
         raise click.UsageError("--json and --markdown/--into: choose one")
+    if brief and not (as_markdown or into):
+        raise click.UsageError("--brief is a Markdown summary: add --markdown or --into PAGE")
     report = _stored_report(study_id)
     if as_json:
         click.echo(json.dumps(report.model_dump(mode="json"), indent=2))
     elif into is not None:
-        _write_into(into, study_id, report)
+        _write_into(into, study_id, report, brief)
     elif as_markdown:
         from services.study.markdown import render_markdown
 
-        click.echo(render_markdown(report), nl=False)
+        click.echo(render_markdown(report, brief), nl=False)
     else:
         render(report)
 
 
-def _write_into(page: Path, study_id: int, report: StudyReport) -> None:
-    """Replace the page's section for the study (markdown.splice), atomically: a page whose
-    markers are wrong is refused and left as it was."""
+def _write_into(page: Path, study_id: int, report: StudyReport, brief: bool) -> None:
+    """Replace the page's section (its summary with ``brief``) for the study (markdown.splice),
+    atomically: a page whose markers are wrong is refused and left as it was."""
     from services.study.markdown import PageError, render_markdown, splice
 
     try:
         old = page.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise click.ClickException(f"cannot read {page}: {e}") from None
-    section = render_markdown(report)
+    section = render_markdown(report, brief)
     try:
-        new = splice(old, study_id, section)
+        new = splice(old, study_id, section, brief)
     except PageError as e:
         raise click.ClickException(f"{page}: {e}; nothing was written") from None
+    part = "summary" if brief else "section"
     if new == old:
-        click.echo(f"{page}: study {study_id}'s section is already the report")
+        click.echo(f"{page}: study {study_id}'s {part} is already the report")
         return
     tmp = page.with_name(f".{page.name}.tmp")
     tmp.write_text(new, encoding="utf-8")
     tmp.replace(page)
-    click.echo(f"{page}: study {study_id}'s section replaced ({section.count(chr(10))} lines)")
+    click.echo(f"{page}: study {study_id}'s {part} replaced ({section.count(chr(10))} lines)")
 
 
 @study.command("create")

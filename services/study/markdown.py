@@ -1,6 +1,7 @@
 """`gtr study report ID --markdown`: the study's verdicts as a Markdown section, for a results page
-kept in git (docs/results.md embeds v4's, docs/results-v3.md v3's; tests regenerate each from its
-committed bundle).
+kept in git (docs/results-v4.md embeds v4's two studies, docs/results-v3.md v3's; tests
+regenerate each from its committed bundle); `--brief`, the summary a page that opens with
+several studies' answers holds (docs/results.md).
 
 It holds what the stored rows decide and nothing that moves while they do not: the primary
 metric's table and paired comparisons per task and variant, the declared axis and trends, and
@@ -42,10 +43,18 @@ def text(s: str) -> str:
 END_MARKER = "<!-- end: gtr study report -->"
 
 
-def begin_marker(study_id: int) -> re.Pattern[str]:
+def marker_text(study_id: int, brief: bool = False) -> str:
+    """The begin marker's line without its source: `<!-- begin: gtr study report ID --markdown
+    -->`, with `--brief` for the summary."""
+    return f"<!-- begin: gtr study report {study_id} --markdown{' --brief' if brief else ''} -->"
+
+
+def begin_marker(study_id: int, brief: bool = False) -> re.Pattern[str]:
     """The line that opens a page's section for study ``study_id``: `<!-- begin: gtr study report
-    ID --markdown -->`, optionally naming its source (`..., from docs/results/v4/study.json.gz`)."""
-    opening = rf"^<!-- begin: gtr study report {study_id} --markdown(?:,[^\n]*)? -->\n"
+    ID --markdown -->` (`--markdown --brief`: the summary), optionally naming its source (`...,
+    from docs/results/v4/study.json.gz`). A page may hold a study's summary and its full report."""
+    kind = "--markdown --brief" if brief else "--markdown"
+    opening = rf"^<!-- begin: gtr study report {study_id} {kind}(?:,[^\n]*)? -->\n"
     return re.compile(opening, re.M)
 
 
@@ -53,19 +62,21 @@ class PageError(ValueError):
     """A results page whose markers do not say where the section goes."""
 
 
-def splice(page: str, study_id: int, section: str) -> str:
-    """``page`` with the text between study ``study_id``'s begin marker and the end marker
-    after it replaced by ``section``: how a results page kept in git takes a new report. The
-    page must hold exactly one begin marker for the study and an end marker after it."""
-    begins = list(begin_marker(study_id).finditer(page))
+def splice(page: str, study_id: int, section: str, brief: bool = False) -> str:
+    """``page`` with the text between study ``study_id``'s begin marker (of the summary with
+    ``brief``) and the end marker after it replaced by ``section``: how a results page kept in
+    git takes a new report. The page must hold exactly one such begin marker for the study and
+    an end marker after it."""
+    begins = list(begin_marker(study_id, brief).finditer(page))
     if not begins:
         raise PageError(
-            f"it has no line `<!-- begin: gtr study report {study_id} --markdown -->`: put one "
+            f"it has no line `{marker_text(study_id, brief)}`: put one "
             f"where the section goes, with `{END_MARKER}` on a line below it"
         )
     if len(begins) > 1:
         raise PageError(
-            f"it opens study {study_id}'s section {len(begins)} times (lines "
+            f"it opens study {study_id}'s {'summary' if brief else 'section'} {len(begins)} "
+            "times (lines "
             + ", ".join(str(page.count("\n", 0, b.start()) + 1) for b in begins)
             + "): keep one"
         )
@@ -76,8 +87,9 @@ def splice(page: str, study_id: int, section: str) -> str:
     return page[:start] + section + page[end:]
 
 
-def render_markdown(report: StudyReport) -> str:
-    """The report's verdict section: a level-2 heading and what follows it, ending in a newline."""
+def render_markdown(report: StudyReport, brief: bool = False) -> str:
+    """The report's verdict section: a level-2 heading and what follows it, ending in a newline.
+    ``brief``: the summary a page that opens with several studies' answers holds (`_brief`)."""
     pr = report.progress
     lines = [
         f"## Study: {text(report.name)}",
@@ -91,6 +103,8 @@ def render_markdown(report: StudyReport) -> str:
         + ".",
     ]
     lines += _answers(report)
+    if brief:
+        return "\n".join(lines + _brief(report)) + "\n"
     for g in report.groups:
         lines += ["", *_group(g)]
     for ax in report.axes:
@@ -102,16 +116,40 @@ def render_markdown(report: StudyReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _brief(report: StudyReport) -> list[str]:
+    """After the answers: each task and variant's arms (score, change from the start, SFT
+    share), then each arm's tuned settings. The seeds, the comparisons' statistics, the axis,
+    the trends and every trial are the full section's."""
+    out = []
+    for g in report.groups:
+        title = f"**{text(g.task)}" + (f" · {text(g.variant)}" if g.variant else "") + "**"
+        if not any(a.mean.n for a in g.primary.arms):
+            out += ["", f"{title}: no finished run yet."]
+            continue
+        out += ["", f"{title}:", "", *_arms(g.primary)]
+    if report.tuning:
+        done = sum(1 for a in report.tuning for t in a.trials if t.state in ("complete", "pruned"))
+        total = sum(len(a.trials) for a in report.tuning)
+        out += ["", f"Tuning stage: {done} of {total} trials finished.", ""]
+        for a in report.tuning:
+            out.append(f"- {text(a.arm)}: {text(choice_text(a))}")
+            out += [f"  - at the grid's edge: {text(e)}; its best may lie beyond" for e in a.edges]
+    return out
+
+
 def _answers(report: StudyReport) -> list[str]:
     """The study's answer before its tables: each confirmatory comparison of the primary metric,
     a row per task, variant and pair, with its verdict and, where undecided, why and the seeds
     the observed difference would need. Nothing before a comparison has a finished run."""
     head = ["task", "A vs B", "verdict", "A − B [95 % CI]", "seeds", "p (Holm)", "why not decided"]
-    rows = []
+    rows, waiting = [], 0
     for g in report.groups:
         where = text(g.task) + (f" · {text(g.variant)}" if g.variant else "")
         for c in g.primary.comparisons:
             if not c.confirmatory:
+                continue
+            if not c.seeds and not c.protocol_refused:  # nothing to say yet but that
+                waiting += 1
                 continue
             verdict = f"**{text(c.verdict)}**" if c.winner else text(c.verdict)
             why = undecided_why(c, report.alpha)
@@ -122,7 +160,15 @@ def _answers(report: StudyReport) -> list[str]:
             cells = [where, pair, verdict, interval(c.mean_diff), str(len(c.seeds)), holm]
             rows.append(_row([*cells, text(why) or "–"]))
     if not rows:
-        return []
+        if not waiting:
+            return []
+        return [
+            "",
+            "### The answers",
+            "",
+            f"None yet: no seed has finished both arms of any of the {waiting} confirmatory "
+            "comparisons.",
+        ]
     return [
         "",
         "### The answers",
@@ -132,6 +178,7 @@ def _answers(report: StudyReport) -> list[str]:
         _row(head),
         _row(["---", "---", "---", "---:", "---:", "---:", "---"]),
         *rows,
+        *(["", f"{waiting} more: no seed has finished both arms yet."] if waiting else []),
     ]
 
 

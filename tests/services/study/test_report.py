@@ -310,6 +310,14 @@ def test_markdown_section_keeps_hostile_names_as_text_in_their_cells(
     (title,) = re.findall(r"<h2>(.*?)</h2>", page)
     assert html.unescape(title) == f"Study: {report.name}"
 
+    # The summary (--brief): the same answers and arms tables, the hostile names still text,
+    # and neither the seeds nor the comparisons' statistics.
+    brief = MarkdownIt("commonmark").enable("table").render(render_markdown(report, brief=True))
+    assert "<script" not in brief and "<b>" not in brief and "<img" not in brief
+    assert re.findall(r"<table>.*?</table>", brief, re.S) == [answers, arms]
+    (title,) = re.findall(r"<h2>(.*?)</h2>", brief)
+    assert html.unescape(title) == f"Study: {report.name}"
+
 
 def test_a_study_without_runs_yet_reports_waiting_cells(db) -> None:  # type: ignore[no-untyped-def]
     from services.study import service

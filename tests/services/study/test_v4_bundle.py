@@ -5,8 +5,9 @@ Each imports into a fresh embedded store as a user would: its tuning stage arriv
 every finished trial at a point of the arm's declared grid (so the study here does not tune
 again and cannot mix two settings in one arm), the warm starts of the seeds still to train are
 filed, and every finished run is a cell of the grid its study file declares, trained with the
-settings its arm's tuning chose. docs/results.md's verdict section is the report the EZPoints
-bundle gives, as `gtr study report --markdown` prints it."""
+settings its arm's tuning chose. Imported into one store (EZPoints' first: studies 1 and 2),
+each study's `gtr study report ID --markdown` is its section of docs/results-v4.md and its
+`--markdown --brief` its summary on docs/results.md."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ BUNDLE_PATH = "docs/results/v4/study.json.gz"
 BUNDLE = ROOT / BUNDLE_PATH
 V4 = ROOT / "configs" / "studies" / "v4.toml"
 # Points24's study (its own file: a study tunes its arms on one task), carried beside EZPoints'.
-POINTS24_BUNDLE = ROOT / "docs" / "results" / "v4-points24" / "study.json.gz"
+POINTS24_PATH = "docs/results/v4-points24/study.json.gz"
+POINTS24_BUNDLE = ROOT / POINTS24_PATH
 V4_POINTS24 = ROOT / "configs" / "studies" / "v4-points24.toml"
-RESULTS = ROOT / "docs" / "results.md"
+RESULTS = ROOT / "docs" / "results.md"  # the answers: each study's summary (--brief)
+FULL = ROOT / "docs" / "results-v4.md"  # each study's full report
 FIGURE = ROOT / "docs" / "results" / "v4" / "curves-from-start.png"
 
 pytestmark = pytest.mark.slow
@@ -47,34 +50,51 @@ class Imported:
     folder: Path  # the embedded store's data folder
     env: dict[str, str | None]
     out: subprocess.CompletedProcess[str]  # `gtr study import`'s
+    study_id: int  # the id the store gave the imported study
 
 
-def import_bundle(tmp_path_factory: pytest.TempPathFactory, bundle: Path) -> Imported:
-    """A bundle imported into a fresh embedded store by `gtr study import`, as a user would."""
-    folder = tmp_path_factory.mktemp("v4-bundle")
+def import_bundle(folder: Path, bundle: Path, study_id: int) -> Imported:
+    """A bundle imported by `gtr study import` into the embedded store in ``folder``, as a user
+    would; it becomes the store's study ``study_id`` (the next id: studies are numbered in the
+    order they arrive)."""
     env: dict[str, str | None] = {
         "GTR_DATA_DIR": str(folder),
         "GTR_DATABASE_URL": None,
         "GTR_REDIS_URL": None,
     }
-    return Imported(folder, env, gtr_cli("study", "import", str(bundle), env=env))
+    out = gtr_cli("study", "import", str(bundle), env=env)
+    assert f"study {study_id} (new)" in out.stdout, (out.stdout, out.stderr)
+    return Imported(folder, env, out, study_id)
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
-    """EZPoints' bundle, imported: the one docs/results.md reports."""
-    return import_bundle(tmp_path_factory, BUNDLE)
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One embedded store for both bundles, as docs/results.md's readers import them: EZPoints'
+    first (study 1), then Points24's (study 2)."""
+    return tmp_path_factory.mktemp("v4-bundle")
+
+
+@pytest.fixture(scope="module")
+def imported(store: Path) -> Imported:
+    """EZPoints' bundle, imported: study 1 of the store."""
+    return import_bundle(store, BUNDLE, 1)
+
+
+@pytest.fixture(scope="module")
+def imported_points24(store: Path, imported: Imported) -> Imported:
+    """Points24's bundle, imported after EZPoints': study 2 of the store."""
+    return import_bundle(store, POINTS24_BUNDLE, 2)
 
 
 def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> None:
     check_carried(BUNDLE, V4, imported)
 
-    # docs/results.md's verdict section is this report, as `gtr study report --markdown` prints
-    # it from the imported rows: the page a reviewer reads is what the carried data gives, and
-    # an export that changes the data without the page fails here.
+    # docs/results-v4.md's section is this report, as `gtr study report --markdown` prints it
+    # from the imported rows, and docs/results.md's summary is its `--brief`: the pages a
+    # reviewer reads are what the carried data gives, and an export that changes the data
+    # without the pages fails here.
+    check_pages(imported, BUNDLE_PATH)
     page = gtr_cli("study", "report", "1", "--markdown", env=imported.env)
-    assert page.returncode == 0, page.stderr
-    assert page.stdout == page_section(RESULTS, BUNDLE_PATH)
     # A choice at an end of a grid that could have found an interior best is named under the
     # arm's choice (tuning.grid_edges): BC's lr is the largest of its 4.
     assert "- bc: selected trial 7" in page.stdout
@@ -92,10 +112,24 @@ def test_the_carried_v4_study_goes_on_where_it_stopped(imported: Imported) -> No
     ), row
 
 
-def test_the_carried_points24_study_goes_on_where_it_stopped(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    check_carried(POINTS24_BUNDLE, V4_POINTS24, import_bundle(tmp_path_factory, POINTS24_BUNDLE))
+def test_the_carried_points24_study_goes_on_where_it_stopped(imported_points24: Imported) -> None:
+    check_carried(POINTS24_BUNDLE, V4_POINTS24, imported_points24)
+    check_pages(imported_points24, POINTS24_PATH)  # study 2's, as for EZPoints' above
+
+
+def check_pages(imported: Imported, bundle: str) -> None:
+    """The imported study's full report is its section of docs/results-v4.md, its summary
+    (`--brief`) its section of docs/results.md; the summary holds the answers, each arm's
+    change from its start and the tuned settings, and none of the full report's per-seed
+    tables or trials."""
+    sid = str(imported.study_id)
+    full = gtr_cli("study", "report", sid, "--markdown", env=imported.env)
+    brief = gtr_cli("study", "report", sid, "--markdown", "--brief", env=imported.env)
+    assert full.returncode == 0 and brief.returncode == 0, (full.stderr, brief.stderr)
+    assert full.stdout == page_section(FULL, bundle, imported.study_id)
+    assert brief.stdout == page_section(RESULTS, bundle, imported.study_id, brief=True)
+    assert "### The answers" in brief.stdout and "Tuning stage: " in brief.stdout
+    assert "Each seed's start" not in brief.stdout and "| arm | trial |" not in brief.stdout
 
 
 def check_carried(path: Path, study_file: Path, imported: Imported) -> None:
@@ -105,7 +139,7 @@ def check_carried(path: Path, study_file: Path, imported: Imported) -> None:
     assert cfg.tuning is not None
     bundle = read_bundle(path)
     assert bundle["study"]["name"] == cfg.name
-    env, got, tmp_path = imported.env, imported.out, imported.folder
+    env, got, tmp_path, sid = imported.env, imported.out, imported.folder, imported.study_id
     assert got.returncode == 0, got.stderr
     assert "warning" not in got.stderr, got.stderr
     assert "" not in got.stdout.splitlines(), got.stdout  # no stray output between its lines
@@ -124,7 +158,7 @@ def check_carried(path: Path, study_file: Path, imported: Imported) -> None:
         if chosen is not None:
             best = [t for t in trials if t["number"] == chosen["trial"]]
             assert best and best[0]["state"] == "complete" and best[0]["params"] == chosen["params"]
-    report = gtr_cli("study", "report", "1", "--json", env=env)
+    report = gtr_cli("study", "report", str(sid), "--json", env=env)
     assert report.returncode == 0, report.stderr
     tuning = {a["arm"]: a for a in json.loads(report.stdout)["tuning"]}
     for arm, a in carried.items():
@@ -146,7 +180,7 @@ def check_carried(path: Path, study_file: Path, imported: Imported) -> None:
     # the config that cell gets once each arm carries its tuning's choice (less the base's
     # init.checkpoint, an absolute path of the clone it ran in, unread by a warm start).
     with session_scope(f"sqlite:///{tmp_path / 'gtr.sqlite3'}") as s:
-        runs = s.scalars(select(Run)).all()
+        runs = s.scalars(select(Run).where(Run.study_id == sid)).all()
     assert len(runs) == len(bundle["runs"])
     if runs:  # the grid starts only once every arm has its choice
         chosen = {a: carried[a]["selected"]["params"] for a in carried}
@@ -203,22 +237,34 @@ def test_the_deadline_counts_the_warm_start_a_seeds_first_run_builds(imported: I
 def test_report_into_rewrites_the_pages_section_and_refuses_a_page_it_cannot_place(
     imported: Imported, tmp_path: Path
 ) -> None:
-    """`gtr study report 1 --into PAGE` is how docs/results.md takes a new export's report:
-    from a stale copy of the page it writes back the page in git (the rest kept byte for byte);
-    a page without the study's markers, or opening its section twice, is refused in one line
-    with a non-zero exit and left as it was."""
+    """`gtr study report 1 [--brief] --into PAGE` is how docs/results-v4.md and docs/results.md
+    take a new export's report: from a stale copy of the page it writes back the page in git
+    (the rest kept byte for byte); a page without the study's markers, or opening its section
+    twice, is refused in one line with a non-zero exit and left as it was."""
     assert imported.out.returncode == 0, imported.out.stderr
-    page = tmp_path / "results.md"
-    current = RESULTS.read_text()
     stale = "## Study: an older export\n\nFinished: 0 of 70 runs.\n"
-    page.write_text(current.replace(page_section(RESULTS, BUNDLE_PATH), stale))
-    assert page.read_text() != current
-    got = gtr_cli("study", "report", "1", "--into", str(page), env=imported.env)
-    assert got.returncode == 0, got.stderr
-    assert "study 1's section replaced" in got.stdout
-    assert page.read_text() == current
-    again = gtr_cli("study", "report", "1", "--into", str(page), env=imported.env)
-    assert again.returncode == 0 and "already the report" in again.stdout
+    for kept, brief in [(FULL, False), (RESULTS, True)]:
+        page = tmp_path / kept.name
+        current = kept.read_text()
+        page.write_text(current.replace(page_section(kept, BUNDLE_PATH, brief=brief), stale))
+        assert page.read_text() != current
+        args = ["study", "report", "1", *(["--brief"] if brief else []), "--into", str(page)]
+        got = gtr_cli(*args, env=imported.env)
+        assert got.returncode == 0, got.stderr
+        assert f"study 1's {'summary' if brief else 'section'} replaced" in got.stdout
+        assert page.read_text() == current
+        again = gtr_cli(*args, env=imported.env)
+        assert again.returncode == 0 and "already the report" in again.stdout
+    # The summary goes only where a page asks for it: a page with the full report's markers
+    # alone is refused, and --brief without Markdown is a usage error.
+    page = tmp_path / FULL.name
+    brief_into = gtr_cli("study", "report", "1", "--brief", "--into", str(page), env=imported.env)
+    assert brief_into.returncode == 1 and page.read_text() == FULL.read_text()
+    no_line = "has no line `<!-- begin: gtr study report 1 --markdown --brief -->`"
+    assert no_line in brief_into.stderr, brief_into.stderr
+    bare = gtr_cli("study", "report", "1", "--brief", env=imported.env)
+    assert bare.returncode == 2 and "add --markdown or --into PAGE" in bare.stderr
+    current = FULL.read_text()
 
     hostile = "# a page <script>alert('x')</script> \"quoted\"\n\nno markers here\n"
     twice = f"{current}\n<!-- begin: gtr study report 1 --markdown -->\n{stale}"

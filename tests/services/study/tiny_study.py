@@ -135,11 +135,13 @@ def gtr_cli(
     )
 
 
-def page_section(page: Path, bundle: str) -> str:
+def page_section(page: Path, bundle: str, study_id: int = 1, brief: bool = False) -> str:
     """The part of a results page (docs/results.md, docs/results-v3.md) that it says is `gtr
-    study report 1 --markdown` on ``bundle`` (a path under the repository), between its two
-    markers: what a test compares with the report it builds from that bundle."""
+    study report ID --markdown` (with ``brief``, `--markdown --brief`) on ``bundle`` (a path
+    under the repository), between its two markers: what a test compares with the report it
+    builds from that bundle."""
     text = page.read_text()
-    begin = f"<!-- begin: gtr study report 1 --markdown, from {bundle} -->"
+    kind = "--markdown --brief" if brief else "--markdown"
+    begin = f"<!-- begin: gtr study report {study_id} {kind}, from {bundle} -->"
     start = text.index(begin) + len(begin) + 1
     return text[start : text.index(END_MARKER, start)]  # its own end: a page may hold two
