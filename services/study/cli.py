@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from services.controller.cli import _call, _client, _with_api, controller_command
 
 if TYPE_CHECKING:
-    from services.study.report import StudyReport
     from services.study.schemas import StudyConfig
 
 
@@ -229,11 +228,12 @@ def study_report(
         raise click.UsageError("--json and --markdown/--into: choose one")
     if brief and not (as_markdown or into):
         raise click.UsageError("--brief is a Markdown summary: add --markdown or --into PAGE")
+    if into is not None:  # a page that cannot take the section is refused before the report
+        _write_into(into, study_id, brief)
+        return
     report = _stored_report(study_id)
     if as_json:
         click.echo(json.dumps(report.model_dump(mode="json"), indent=2))
-    elif into is not None:
-        _write_into(into, study_id, report, brief)
     elif as_markdown:
         from services.study.markdown import render_markdown
 
@@ -242,20 +242,22 @@ def study_report(
         render(report)
 
 
-def _write_into(page: Path, study_id: int, report: StudyReport, brief: bool) -> None:
+def _write_into(page: Path, study_id: int, brief: bool) -> None:
     """Replace the page's section (its summary with ``brief``) for the study (markdown.splice),
-    atomically: a page whose markers are wrong is refused and left as it was."""
+    atomically: a page whose markers are wrong is refused, before the report is read, and left
+    as it was."""
     from services.study.markdown import PageError, render_markdown, splice
 
     try:
         old = page.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise click.ClickException(f"cannot read {page}: {e}") from None
-    section = render_markdown(report, brief)
     try:
-        new = splice(old, study_id, section, brief)
+        splice(old, study_id, "", brief)
     except PageError as e:
         raise click.ClickException(f"{page}: {e}; nothing was written") from None
+    section = render_markdown(_stored_report(study_id), brief)
+    new = splice(old, study_id, section, brief)
     part = "summary" if brief else "section"
     if new == old:
         click.echo(f"{page}: study {study_id}'s {part} is already the report")
@@ -493,17 +495,19 @@ def study_rerun(study_id: int, run_ids: tuple[int, ...], why: str) -> None:
 
 
 def _stored_report(study_id: int) -> Any:
-    """The study's report from the database the settings name; a missing study is one line."""
-    from services.study.report import build_report
-    from services.study.service import StudyNotFound
+    """The study's report from the database the settings name; a missing study is one line.
+    A study no one trains is read from the report kept in the data folder where its rows are
+    unchanged (`gtr study import` keeps one), not bootstrapped again (services/study/kept.py)."""
+    from services.study.kept import report_of
+    from shared.db.models import Study
     from shared.db.session import session_scope
 
     _local_schema()
-    try:
-        with session_scope() as s:
-            return build_report(s, study_id)
-    except StudyNotFound:
-        raise click.ClickException(f"study {study_id} not found") from None
+    with session_scope() as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            raise click.ClickException(f"study {study_id} not found")
+        return report_of(s, study)
 
 
 def _check_folder(out: Path) -> None:
