@@ -241,6 +241,8 @@ class FallibleCorrector:
             extras["error_drawn"] = drawn
         if right:
             result = Correction(verdict="correct", reasoning=_why(kind, "agrees"))
+        elif extras.get("possible_solution") is False:  # no solution: nothing to teach (GTR)
+            result = Correction(verdict="incorrect", reasoning=_why(kind, "finds no solution"))
         else:
             extras["action"] = seen.output.get("action")
             result = Correction(

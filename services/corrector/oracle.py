@@ -217,6 +217,10 @@ class OracleCorrector:
                 verdict="correct",
                 reasoning="the thought reads the state right and a win stays reachable",
             )
+        elif task_extras(req.task, req.state).get("possible_solution") is False:
+            # GTR: a deal with no solution has nothing to teach (the reference labels nothing
+            # and, with corrector.feedback, ends the episode), as a remote corrector's answer.
+            result = Correction(verdict="incorrect", reasoning="the cards cannot make the target")
         else:
             result = Correction(
                 verdict="incorrect",

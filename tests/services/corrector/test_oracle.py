@@ -60,6 +60,10 @@ def test_the_oracle_is_right_on_many_states(task: str) -> None:
         wrong = misread_output(task, state, ideal, rng)
         assert not agrees(task, wrong, ideal, state)
         result = oracle.correct(request(task, state, wrong))
+        if state.get("solvable") is False:  # GTR: no solution, nothing to teach
+            assert result.verdict == "incorrect" and result.corrected_thought is None
+            assert result.extras["possible_solution"] is False
+            continue
         assert result.verdict == "incorrect" and result.corrected_thought is not None
         fixed = {**json.loads(result.corrected_thought), "action": ideal["action"]}
         assert "action" not in json.loads(result.corrected_thought)
@@ -85,6 +89,28 @@ def test_points_extras_carry_the_target_formula() -> None:
     from services.env.solver import evaluate
 
     assert evaluate(extras["target_formula"]) == 24
+
+
+def test_a_deal_with_no_solution_gets_no_corrected_thought() -> None:
+    """GTR's rule: "possible_solution" NO means no SFT label (and, with corrector.feedback, the
+    end of the episode), as a remote corrector's answer gives; the oracle, exact or fallible,
+    writes none, where it would otherwise teach "the cards cannot make 24, append '='"."""
+    from services.corrector.fallible import FallibleCorrector
+    from tests.services.corrector.test_fallible import _agent, _points24_state
+
+    none = _points24_state(["HA", "SA", "DA", "CA"], [])  # 1 1 1 1: no way to 24
+    solvable = _points24_state(["HK", "S4", "D2", "CA"], [])
+    assert none["solvable"] is False and solvable["solvable"] is True
+    exact, fallible = OracleCorrector(), FallibleCorrector({"misread": 0.0})
+    for corrector in (exact, fallible):
+        for state in (none, solvable):
+            got = corrector.correct(request("points24", state, _agent(state, ")")))
+            assert got.verdict == "incorrect"
+            assert got.extras["possible_solution"] is state["solvable"]
+            assert (got.corrected_thought is None) is (not state["solvable"]), got
+        # An agent that says so and submits is right: nothing to correct either way.
+        right = ideal_output("points24", none)
+        assert corrector.correct(request("points24", none, right)).verdict == "correct"
 
 
 @pytest.mark.parametrize("task, p", [("numberline", 0.3), ("ezpoints", 0.1), ("blackjack", 0.5)])

@@ -150,15 +150,23 @@ def test_embedded_oracle_on_a_rendered_step(db) -> None:  # type: ignore[no-unty
     env_ready()
     from services.corrector.registry import sample_request
 
-    req = sample_request("points24", seed=5)
-    sha = blob_store().put(base64.b64decode(req.image_png_b64 or ""))
-    wrong = {**json.loads(req.output), "cards": [1, 1, 1, 1]}
-    step = make_step(db, "points24", req.state or {}, wrong, image_sha=sha, prompt=req.prompt)
     corrector = build_corrector("oracle", db, get_settings())
-    row = record_correction(db, step.id, "oracle", corrector)
-    assert row.status == "done" and row.verdict == "incorrect"
-    assert sorted(json.loads(row.corrected_thought)["cards"]) == sorted(req.state["numbers"])
-    assert row.extras["possible_solution"] == req.state["solvable"]
+    # Deal 6 has a solution (6 7 7 5), deal 5 none (9 10 1 10): a misread of the first is
+    # corrected from the rendered step's state; the second has nothing to teach (GTR's rule).
+    for seed, solvable in [(6, True), (5, False)]:
+        req = sample_request("points24", seed=seed)
+        assert req.state is not None and req.state["solvable"] is solvable
+        sha = blob_store().put(base64.b64decode(req.image_png_b64 or ""))
+        wrong = {**json.loads(req.output), "cards": [1, 1, 1, 1]}
+        step = make_step(db, "points24", req.state, wrong, image_sha=sha, prompt=req.prompt)
+        row = record_correction(db, step.id, "oracle", corrector)
+        assert row.status == "done" and row.verdict == "incorrect"
+        assert row.extras["possible_solution"] is solvable
+        if solvable:
+            thought = json.loads(row.corrected_thought or "")
+            assert sorted(thought["cards"]) == sorted(req.state["numbers"])
+        else:
+            assert row.corrected_thought is None
 
 
 def test_build_corrector_from_the_registry(db, monkeypatch) -> None:  # type: ignore[no-untyped-def]
