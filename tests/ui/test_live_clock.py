@@ -23,6 +23,7 @@ from tests.ui.test_live_run import _drive, _watch
 
 TEAM = "live-clock"
 TERMINAL = ("completed", "degraded", "failed", "cancelled")
+STALL_S = 3.0  # seconds a loaded host may stall a stage that its ETA could not foresee
 # What the open page shows, read in one go (one poll's rendering).
 PAGE = """() => ({
   progress: document.querySelector('#progress-block .progress span')?.textContent,
@@ -185,7 +186,11 @@ def test_eta_counts_down_and_holds_to_the_real_time(clocked: Clocked) -> None:
             # fixed tail of a second or two does not make the factor.
             steps = r["phase"] != "warm_start" or (r["phase_step"] or 0) < (r["phase_total"] or 0)
             if r["eta_s"] is not None and real >= 6 and steps:
-                assert real / 3 <= r["eta_s"] <= real * 3, (r["phase"], r["eta_s"], real)
+                # Less STALL_S: a loaded host can stall the stage for seconds after the rate
+                # it was measured at (a warm start's 2.4 s ETA once took 7.8 s beside two
+                # trainings), which no ETA foresees; a stage's own rate is still held to 3x.
+                low = (real - STALL_S) / 3
+                assert low <= r["eta_s"] <= real * 3, (r["phase"], r["eta_s"], real)
                 checked += 1
         # A fast host may finish the stage in a few seconds, all of them inside the tail the
         # factor ignores: the factor is then checked on the stages that last long enough.
