@@ -204,6 +204,7 @@ class OracleCorrector:
             noisy = self.noise > 0 and self._rng.random() < self.noise
             seed = self._rng.getrandbits(32)
         output = parse_agent_output(req.output)
+        extras = task_extras(req.task, req.state)  # the solver once a call
         wrong: dict[str, Any] = {}
         if noisy:
             wrong = misread_output(req.task, req.state, ideal, random.Random(seed))
@@ -217,7 +218,7 @@ class OracleCorrector:
                 verdict="correct",
                 reasoning="the thought reads the state right and a win stays reachable",
             )
-        elif task_extras(req.task, req.state).get("possible_solution") is False:
+        elif extras.get("possible_solution") is False:
             # GTR: a deal with no solution has nothing to teach (the reference labels nothing
             # and, with corrector.feedback, ends the episode), as a remote corrector's answer.
             result = Correction(verdict="incorrect", reasoning="the cards cannot make the target")
@@ -227,7 +228,6 @@ class OracleCorrector:
                 corrected_thought=dump_thought(ideal),
                 reasoning="the expert's thought for this state",
             )
-        extras = task_extras(req.task, req.state)
         if result.verdict == "incorrect":
             # The corrector's own action, for the thought+action cloning ablation.
             extras["action"] = (wrong if noisy else ideal).get("action")

@@ -131,9 +131,7 @@ def _brief(report: StudyReport) -> list[str]:
         done = sum(1 for a in report.tuning for t in a.trials if t.state in ("complete", "pruned"))
         total = sum(len(a.trials) for a in report.tuning)
         out += ["", f"Tuning stage: {done} of {total} trials finished.", ""]
-        for a in report.tuning:
-            out.append(f"- {text(a.arm)}: {text(choice_text(a))}")
-            out += [f"  - at the grid's edge: {text(e)}; its best may lie beyond" for e in a.edges]
+        out += _choices(report.tuning)
     return out
 
 
@@ -199,10 +197,14 @@ def _tuning(arms: list[ArmTuning]) -> list[str]:
             if tr.number == a.selected_trial:
                 cells = [f"**{c}**" for c in cells]
             out.append(_row(cells))
-    out.append("")
+    return [*out, "", *_choices(arms)]
+
+
+def _choices(arms: list[ArmTuning]) -> list[str]:
+    """Each arm's choice, and a choice at a grid's end (the arm may not be at its best)."""
+    out = []
     for a in arms:
         out.append(f"- {text(a.arm)}: {text(choice_text(a))}")
-        # a choice at a grid's end: the arm may not be at its best (tuning.grid_edges)
         out += [f"  - at the grid's edge: {text(e)}; its best may lie beyond" for e in a.edges]
     return out
 
