@@ -163,6 +163,22 @@ def stage_seconds(rows: list[dict], evaluated: list[dict] | None = None) -> dict
     return {"rollout": rollout, "train": train, "eval": eval_s, "other": other}
 
 
+def _update_order(
+    stages: dict[str, float], u: int, num_updates: int, every: int, episodes: int
+) -> list[tuple[str, float]]:
+    """The phases of update ``u`` in the order they run, each with its measured seconds (the
+    evaluating phase also holds the update's other seconds: recording, the probe)."""
+    finish = stages["other"] + (
+        stages["eval"] if evaluated_at(u, num_updates, every, episodes) else 0.0
+    )
+    return [
+        ("rollout", stages["rollout"]),
+        ("corrections", 0.0),
+        ("training", stages["train"]),
+        ("evaluating", finish),
+    ]
+
+
 def run_left_s(
     stages: dict[str, float],
     phase: str | None,
@@ -174,12 +190,10 @@ def run_left_s(
 ) -> float:
     """Seconds left of a run at its stages' own rates: what is left of the current stage
     (which counts down as the stage goes on), the rest of the current update, then the updates
-    after it, each with its evaluation where it has one."""
+    after it, each with its evaluation where it has one. A stage past its measured seconds
+    counts as done: the sum is then a floor (``stage_over_s`` says by how much it overran)."""
     u = updates_done  # the update under way
-    evaluated = evaluated_at(u, num_updates, every, episodes)
-    finish = stages["other"] + (stages["eval"] if evaluated else 0.0)
-    order = [("rollout", stages["rollout"]), ("corrections", 0.0), ("training", stages["train"])]
-    order.append(("evaluating", finish))
+    order = _update_order(stages, u, num_updates, every, episodes)
     names = [n for n, _ in order]
     at = names.index(phase) if phase in names else 0
     left = max(0.0, order[at][1] - in_phase_s) + sum(s for _, s in order[at + 1 :])
@@ -189,3 +203,22 @@ def run_left_s(
             stages["eval"] if evaluated_at(later, num_updates, every, episodes) else 0
         )
     return left
+
+
+def stage_over_s(
+    stages: dict[str, float],
+    phase: str | None,
+    in_phase_s: float,
+    updates_done: int,
+    num_updates: int,
+    every: int,
+    episodes: int,
+) -> float:
+    """Seconds the stage under way has run past its measured seconds (0 within them): how long
+    it has left is then unknown, so the run's ETA is a floor and says so. Waiting for
+    corrections has no measured seconds of its own (it is in the update's other seconds): it
+    never overruns here."""
+    if phase not in ("rollout", "training", "evaluating"):
+        return 0.0
+    usual = dict(_update_order(stages, updates_done, num_updates, every, episodes))[phase]
+    return max(0.0, in_phase_s - usual)

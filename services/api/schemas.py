@@ -54,6 +54,8 @@ class RunOut(_Orm):
     elapsed_s: float | None = None  # seconds of work: time spent stopped before a resume is not
     eta_s: float | None = None  # at the current phase's own rate
     eta_of: Literal["warm start", "run"] | None = None  # what eta_s is the time left of
+    # Seconds the phase under way has run past its measured time: above 0, eta_s is a floor.
+    eta_over_s: float = 0.0
     corrector_cost: CorrectorCost | None = None  # None: the run sends no step to a corrector
 
 

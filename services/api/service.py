@@ -137,11 +137,13 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
     start, its current stage's steps per second as last reported (``eta_of`` "warm start": the
     updates' rate is not known yet); then the recent updates' rollout, training, evaluation and
     other seconds, each stage's time left being its mean less the time it has already run (an
-    evaluation's at the latest rollout's generation cost: ``shared.phase.stage_seconds``)."""
+    evaluation's at the latest rollout's generation cost: ``shared.phase.stage_seconds``).
+    ``eta_over_s``: how long the stage under way has run past its measured seconds (the warm
+    start past its last estimate); where it is above 0 the ETA is a floor."""
     from shared.db.models import utcnow
-    from shared.phase import run_left_s, stage_seconds
+    from shared.phase import run_left_s, stage_over_s, stage_seconds
 
-    out: dict[str, Any] = {"elapsed_s": None, "eta_s": None, "eta_of": None}
+    out: dict[str, Any] = {"elapsed_s": None, "eta_s": None, "eta_of": None, "eta_over_s": 0.0}
     if run.started_at is None:
         return out
     now = utcnow()
@@ -157,6 +159,7 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
             if run.phase_at is None or at >= _aware(run.phase_at, now):  # this warm start's
                 left = float(eta["left_s"]) - (now - at).total_seconds()
                 out["eta_s"], out["eta_of"] = max(0.0, left), "warm start"
+                out["eta_over_s"] = max(0.0, -left)
         except (KeyError, TypeError, ValueError):
             pass
         return out
@@ -185,7 +188,7 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
         select(Update.id).where(Update.run_id == run.id, Update.idx == run.updates_done)
     ):  # the update under way has not rolled out: the phase is still the last one's end
         phase, in_phase = "rollout", 0.0
-    out["eta_s"] = run_left_s(
+    where = (
         stages,
         phase,
         max(0.0, in_phase),
@@ -194,6 +197,7 @@ def run_timing(session: Session, run: Run) -> dict[str, Any]:
         int(metrics.get("eval_every", 1) or 1),
         int(metrics.get("eval_episodes", 0) or 0),
     )
+    out["eta_s"], out["eta_over_s"] = run_left_s(*where), stage_over_s(*where)
     out["eta_of"] = "run"
     return out
 

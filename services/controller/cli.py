@@ -283,8 +283,12 @@ def phase_text(r: dict[str, Any]) -> str:
     if r.get("elapsed_s") is not None:
         text += f" · {_duration(r['elapsed_s'])} elapsed"
     if r.get("eta_s") is not None:
-        text += f" · ETA {_duration(r['eta_s'])}"
-        text += " (warm start)" if r.get("eta_of") == "warm start" else ""
+        # A stage past its measured time makes the ETA a floor: say so, and by how much.
+        over = float(r.get("eta_over_s") or 0.0)
+        notes = ["warm start"] if r.get("eta_of") == "warm start" else []
+        notes += [f"this stage {_duration(over)} past its usual"] if over >= 1 else []
+        text += f" · ETA {'≥ ' if over >= 1 else ''}{_duration(r['eta_s'])}"
+        text += f" ({'; '.join(notes)})" if notes else ""
     return text
 
 

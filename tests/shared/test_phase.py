@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.phase import run_left_s, stage_seconds
+from shared.phase import run_left_s, stage_over_s, stage_seconds
 
 
 def update(generate: float, evaluated: float | None = None) -> dict:
@@ -50,7 +50,23 @@ def test_the_stage_under_way_counts_down() -> None:
     at = run_left_s(stages, "evaluating", 0.0, 0, 2, 1, 8)
     later = run_left_s(stages, "evaluating", 3.0, 0, 2, 1, 8)
     assert at - later == pytest.approx(3.0)
-    # Past its measured seconds the stage counts as done, never below zero.
+    # Past its measured seconds the stage counts as done, never below zero: the ETA is then a
+    # floor, and stage_over_s says by how much the stage overran.
     assert run_left_s(stages, "evaluating", 60.0, 0, 2, 1, 8) == pytest.approx(
         run_left_s(stages, "rollout", 0.0, 1, 2, 1, 8)
     )
+    assert stage_over_s(stages, "evaluating", 3.0, 0, 2, 1, 8) == 0.0
+    assert stage_over_s(stages, "evaluating", 60.0, 0, 2, 1, 8) == pytest.approx(60.0 - 4.5)
+
+
+def test_a_stage_overruns_by_its_own_measured_seconds() -> None:
+    stages = stage_seconds([update(1.0, evaluated=4.0)])
+    assert stages is not None
+    # Rollout 2 s, training 2 s; update 1 of 3, evaluated every 3rd: update 1 has no evaluation.
+    assert stage_over_s(stages, "rollout", 5.0, 1, 3, 3, 8) == pytest.approx(3.0)
+    assert stage_over_s(stages, "training", 1.0, 1, 3, 3, 8) == 0.0
+    # An update without an evaluation finishes in its other seconds alone (0.5 s).
+    assert stage_over_s(stages, "evaluating", 2.0, 1, 3, 3, 8) == pytest.approx(1.5)
+    # Waiting for corrections and the phases before the first update have no measured seconds.
+    assert stage_over_s(stages, "corrections", 99.0, 1, 3, 3, 8) == 0.0
+    assert stage_over_s(stages, None, 99.0, 1, 3, 3, 8) == 0.0

@@ -47,6 +47,7 @@ def run_out(db: Session, run: Run) -> RunOut:
     out.latest_metrics = service.latest_metrics(db, run.id)
     timing = service.run_timing(db, run)
     out.elapsed_s, out.eta_s, out.eta_of = timing["elapsed_s"], timing["eta_s"], timing["eta_of"]
+    out.eta_over_s = timing["eta_over_s"]
     if service.sends_to_corrector(run):
         out.corrector_cost = CorrectorCost(**service.corrector_cost(db, run.id))
     return out

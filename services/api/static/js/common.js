@@ -33,7 +33,12 @@ window.gtr = {
   },
   timingText(run) {
     let out = run.elapsed_s != null ? `· ${gtr.duration(run.elapsed_s)} elapsed` : '';
-    if (run.eta_s != null) out += ` · ETA ${gtr.duration(run.eta_s)}${run.eta_of === 'warm start' ? ' (warm start)' : ''}`;
+    if (run.eta_s == null) return out;
+    // A stage past its measured time makes the ETA a floor: say so, and by how much.
+    const over = run.eta_over_s >= 1;
+    const notes = [run.eta_of === 'warm start' ? 'warm start' : '',
+      over ? `this stage ${gtr.duration(run.eta_over_s)} past its usual` : ''].filter(Boolean);
+    out += ` · ETA ${over ? '≥ ' : ''}${gtr.duration(run.eta_s)}${notes.length ? ` (${notes.join('; ')})` : ''}`;
     return out;
   },
   num: (v, digits = 2) => (typeof v === 'number' ? v.toFixed(digits) : '–'),
