@@ -6,6 +6,7 @@ the embedded pool has a thread per request the endpoint may have in flight."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -204,15 +205,25 @@ def test_a_dropped_kept_alive_connection_is_retried_without_halving_the_limit() 
     assert refused.limit.cuts == 1 and refused.limit.limit == 4
 
 
+HOLD_S = 20.0  # the longest a held answer waits for the rest to come (a client times out at 60 s)
+
+
 @contextmanager
-def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, Any]]]:
+def counting_corrector(
+    delay_s: float, hold_until: int | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """A real `POST /v1/correct` server that answers 'correct' after ``delay_s`` and counts the
     requests in flight at once (``peak``) and, per request, how many were in flight and how many
-    had been answered when it came (``arrivals``)."""
+    had been answered when it came (``arrivals``).
+
+    ``hold_until``: a request that comes after the first answer is answered only once that many
+    requests have come in all (or HOLD_S have passed): a client that waits for answers before it
+    sends more is then seen waiting, however loaded the host that runs it."""
     from fastapi import FastAPI
 
     app = FastAPI()
     seen: dict[str, Any] = {"now": 0, "peak": 0, "total": 0, "answered": 0, "arrivals": []}
+    arrived: dict[str, asyncio.Event] = {}
 
     @app.post("/v1/correct")
     async def correct(body: dict) -> dict:  # type: ignore[type-arg]
@@ -220,7 +231,14 @@ def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, Any]]]:
         seen["total"] += 1
         seen["peak"] = max(seen["peak"], seen["now"])
         seen["arrivals"].append((seen["now"], seen["answered"]))
-        await asyncio.sleep(delay_s)
+        everyone = arrived.setdefault("all", asyncio.Event())
+        if hold_until is not None and seen["total"] >= hold_until:
+            everyone.set()
+        if hold_until is not None and seen["answered"] > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(everyone.wait(), HOLD_S)
+        else:
+            await asyncio.sleep(delay_s)
         seen["now"] -= 1
         seen["answered"] += 1
         return {"verdict": "correct", "corrected_thought": None, "extras": {}, "reasoning": ""}
@@ -232,14 +250,16 @@ def counting_corrector(delay_s: float) -> Iterator[tuple[str, dict[str, Any]]]:
 def test_the_need_is_in_flight_one_round_trip_after_the_probe(pg_url: str) -> None:
     """Embedded, a slow endpoint and a backlog of 100 steps: the probe's 4 requests come back,
     and before any later request is answered the other 96 are in flight (the Little's-law need
-    is the backlog here), not the 32 of a slow start that grew 8x a round trip. The endpoint
-    takes 4 s, so the 96 threads have one round trip to start on a host loaded twice over (at
-    2 s, a host running two trainings beside the suite issued 87 of them in time)."""
+    is the backlog here), not the 8 or 32 of a slow start that waits for answers to grow. The
+    endpoint holds every answer after the probe's until the 100 have come (at most HOLD_S): a
+    slow start is seen stalled, and a loaded host has time to start the 96 threads (a 2 s and
+    then a 4 s endpoint that answered regardless had a host running two trainings beside the
+    suite issue 87, then 51, of them in time)."""
     from services.controller.backends import wait_for_corrections
     from tests.services.corrector.helpers import make_run, make_step
 
     agent = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
-    with counting_corrector(4.0) as (url, seen):
+    with counting_corrector(1.0, hold_until=100) as (url, seen):
         inline = {"name": "slow", "kind": "http", "base_url": url, "params": {"concurrency": 256}}
         with session_scope() as s:
             run = make_run(s, corrector={"name": "slow"})
