@@ -210,7 +210,7 @@ HOLD_S = 20.0  # the longest a held answer waits for the rest to come (a client 
 
 @contextmanager
 def counting_corrector(
-    delay_s: float, hold_until: int | None = None
+    delay_s: float, hold_until: int | None = None, probe_gate: threading.Event | None = None
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """A real `POST /v1/correct` server that answers 'correct' after ``delay_s`` and counts the
     requests in flight at once (``peak``) and, per request, how many were in flight and how many
@@ -218,7 +218,9 @@ def counting_corrector(
 
     ``hold_until``: a request that comes after the first answer is answered only once that many
     requests have come in all (or HOLD_S have passed): a client that waits for answers before it
-    sends more is then seen waiting, however loaded the host that runs it."""
+    sends more is then seen waiting, however loaded the host that runs it. ``probe_gate``: the
+    requests that come before any answer (the probe) are answered once it is set (or HOLD_S have
+    passed), then after ``delay_s``."""
     from fastapi import FastAPI
 
     app = FastAPI()
@@ -238,6 +240,8 @@ def counting_corrector(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(everyone.wait(), HOLD_S)
         else:
+            if probe_gate is not None:
+                await asyncio.to_thread(probe_gate.wait, HOLD_S)
             await asyncio.sleep(delay_s)
         seen["now"] -= 1
         seen["answered"] += 1
@@ -251,15 +255,17 @@ def test_the_need_is_in_flight_one_round_trip_after_the_probe(pg_url: str) -> No
     """Embedded, a slow endpoint and a backlog of 100 steps: the probe's 4 requests come back,
     and before any later request is answered the other 96 are in flight (the Little's-law need
     is the backlog here), not the 8 or 32 of a slow start that waits for answers to grow. The
-    endpoint holds every answer after the probe's until the 100 have come (at most HOLD_S): a
-    slow start is seen stalled, and a loaded host has time to start the 96 threads (a 2 s and
-    then a 4 s endpoint that answered regardless had a host running two trainings beside the
-    suite issue 87, then 51, of them in time)."""
+    endpoint answers the probe once the 100 calls are at the limit (in flight or waiting for a
+    slot), and holds every later answer until the 100 have come (at most HOLD_S): a slow start
+    is seen stalled, and a loaded host has time to start the threads (an endpoint that
+    answered regardless, at 2 s, 4 s and 1 s, had a loaded host's pool reach the limit with 87,
+    51 and 71 of the 96 by the probe's return)."""
     from services.controller.backends import wait_for_corrections
     from tests.services.corrector.helpers import make_run, make_step
 
     agent = {"current number": 2, "target number": 4, "thoughts": "2 < 4", "action": "+"}
-    with counting_corrector(1.0, hold_until=100) as (url, seen):
+    backlog = threading.Event()
+    with counting_corrector(1.0, hold_until=100, probe_gate=backlog) as (url, seen):
         inline = {"name": "slow", "kind": "http", "base_url": url, "params": {"concurrency": 256}}
         with session_scope() as s:
             run = make_run(s, corrector={"name": "slow"})
@@ -270,6 +276,11 @@ def test_the_need_is_in_flight_one_round_trip_after_the_probe(pg_url: str) -> No
         try:
             assert pool.corrector.limit.limit == 4  # type: ignore[attr-defined]
             pool.submit(run_id, ids)
+            limit = pool.corrector.limit  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 60
+            while limit.in_flight + limit.waiting < 100 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            backlog.set()
             assert wait_for_corrections(run_id, ids, timeout_s=60) == 0
         finally:
             pool.close()
