@@ -23,9 +23,9 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy import stats
-from statsmodels.stats.power import TTestPower
-from statsmodels.tools.sm_exceptions import ConvergenceWarning
+
+# scipy.stats and statsmodels are imported where they are used: together they take seconds to
+# import, and a CLI that prints a kept report (services/study/kept.py) computes nothing here.
 
 CONFIDENCE = 0.95
 ALPHA = 0.05
@@ -99,6 +99,8 @@ def _clean(values: Values) -> np.ndarray:
 
 def iqm(values: Values) -> float:
     """Interquartile mean: the mean of the middle 50 % (a quarter trimmed from each end)."""
+    from scipy import stats
+
     arr = _clean(values)
     if arr.size == 0:
         raise ValueError("iqm of no values")
@@ -106,6 +108,8 @@ def iqm(values: Values) -> float:
 
 
 def _statistic(name: Statistic):  # noqa: ANN202 - a vectorised numpy reducer
+    from scipy import stats
+
     if name == "mean":
         return np.mean
     if name == "median":
@@ -128,6 +132,8 @@ def seed_interval(
     Percentile by default: BCa's acceleration is unstable with the 3-10 seeds of a study.
     All-equal values give a zero-width interval (every resample is the same).
     """
+    from scipy import stats
+
     arr = _clean(values)
     fn = _statistic(statistic)
     if arr.size == 0:
@@ -229,6 +235,8 @@ def sign_flip_p(diffs: Values, max_exact: int = MAX_EXACT_PATTERNS) -> tuple[flo
     Under the null (A and B interchangeable on each seed) each difference's sign is a fair
     coin; the p is the share of the 2^n patterns whose |mean| reaches the observed one.
     """
+    from scipy import stats
+
     arr = _clean(diffs)
     if arr.size == 0:
         raise ValueError("a sign-flip test needs at least one difference")
@@ -263,6 +271,9 @@ def seeds_for_power(effect_size: float, alpha: float = ALPHA, power: float = POW
     above 5 standard deviations leave the solver's bracket (2-3 seeds reach any usual power):
     there the fewest whole seeds whose power reaches `power` are counted directly.
     """
+    from statsmodels.stats.power import TTestPower
+    from statsmodels.tools.sm_exceptions import ConvergenceWarning
+
     if not math.isfinite(effect_size) or effect_size == 0:
         return None
     es, solver = abs(effect_size), TTestPower()
@@ -411,6 +422,8 @@ def compare_paired(
 
 def _poi(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     """P(X > Y) + P(X = Y)/2 over all pairs: the Mann-Whitney U of x over (nx * ny)."""
+    from scipy import stats
+
     u = stats.mannwhitneyu(x, y, axis=axis).statistic
     return np.asarray(u) / (x.shape[axis] * y.shape[axis])
 
@@ -424,6 +437,8 @@ def probability_of_improvement(
 ) -> Interval:
     """P(a run of A scores above a run of B), ties counted half, with a bootstrap interval
     (each arm's seeds resampled on their own). A claim of improvement wants low > 0.5."""
+    from scipy import stats
+
     x, y = _clean(a), _clean(b)
     if x.size == 0 or y.size == 0:
         return Interval(None, None, None, min(x.size, y.size), confidence)
@@ -463,6 +478,8 @@ def start_dependence(
 ) -> StartDependence | None:
     """Spearman's rho of (start, A − B) over the seeds that have both; None below 3 seeds or
     when either side is constant (a rank correlation is undefined there)."""
+    from scipy import stats
+
     seeds = sorted(set(diffs) & set(starts))
     x = np.array([starts[s] for s in seeds], dtype=float)
     y = np.array([diffs[s] for s in seeds], dtype=float)
@@ -498,6 +515,8 @@ def curve_band(
     per_seed_curves: seed -> [(update, value)]. An update's point uses the seeds that reached
     it (runs of a study may be at different updates); one seed gives no band.
     """
+    from scipy import stats
+
     at: dict[int, dict[int, float]] = {}
     for s, curve in per_seed_curves.items():
         for update, value in curve:
