@@ -523,7 +523,7 @@ def _add_run(session: Session, study: Study, entry: dict[str, Any]) -> int:
     session.add(run)
     session.flush()
     # Bulk inserts, not ORM objects: a 60-update run holds ~4,000 evaluation outcomes, and
-    # building an object for each made importing a study's bundle minutes of CPU.
+    # building an object for each was most of the ~40 s that importing study v4's bundle took.
     updates = [
         {
             "run_id": run.id,
