@@ -2,11 +2,11 @@
 
 The parent process schedules (services/study/service.py: the tuning stage first, then which cell
 next, the one retry, warm starts shared by a task's arms; the controllers run the same
-scheduler) and each run, a tuning trial's too, trains in a child process of its own
-(``python -m services.study.runner RUN_ID``), as `gtr train` would train it, logging to
-``<data_dir>/studies/<id>/run-<run id>.log``. Stopping it (Ctrl-C, or a kill) loses nothing: the
-next `gtr study run` of the same file resumes the study, every unfinished run after its last
-trained update, and never reruns a finished one.
+scheduler) and each run, a tuning trial's too, trains in a child process of its own, as `gtr
+train` would train it, logging to ``<data_dir>/studies/<id>/run-<run id>.log``; the children
+are forked from a server that imported torch and the services once (``PRELOAD``). Stopping it
+(Ctrl-C, or a kill) loses nothing: the next `gtr study run` of the same file resumes the study,
+every unfinished run after its last trained update, and never reruns a finished one.
 
 With a deadline (`--stop-by`), it starts only the runs it expects to finish by then (each run's
 updates left times the seconds per update its task and arm took here so far, plus the warm start
@@ -20,17 +20,18 @@ ends, stops at a run's end instead of in the middle of one.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import IO
 
 from pydantic import ValidationError
 from sqlalchemy import select, update
@@ -51,11 +52,26 @@ STALE_S = 60.0  # a 'running' run whose heartbeat is older was left by a process
 POLL_S = 1.0
 
 
+# What a run imports (torch, transformers, the env, policy, trainer and corrector code): a
+# fresh interpreter spends ~3-4 CPU-s on it, most of a short run's start. Each run's process is
+# forked from a server that imported these once (multiprocessing's forkserver); the server only
+# imports, never trains, so no torch thread pool or lock held by a running thread crosses a fork.
+PRELOAD = [
+    "services.controller.loop",
+    "services.env",
+    "services.policy.service",
+    "services.trainer.runs",
+    "services.corrector.service",
+]
+
+
 @dataclass
 class Child:
     run_id: int
-    proc: subprocess.Popen[bytes]
-    log: IO[bytes]
+    proc: BaseProcess
+
+    def exited(self) -> bool:
+        return self.proc.exitcode is not None
 
 
 Say = Callable[[str], None]
@@ -106,26 +122,28 @@ def _claim(study_id: int, n: int, fits: Fits | None = None) -> list[int]:
     return out
 
 
+def _forkserver() -> ForkServerContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: this process's first run
+    return ctx
+
+
 def _spawn(study_id: int, run_id: int, threads: int) -> Child:
     folder = log_folder(study_id)
     folder.mkdir(parents=True, exist_ok=True)
-    out = open(folder / f"run-{run_id}.log", "ab")
     env = dict(os.environ)
     env.setdefault("GTR_TORCH_THREADS", str(threads))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.study.runner", str(run_id)],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
+    log_path = str(folder / f"run-{run_id}.log")
+    proc = _forkserver().Process(
+        target=child_main, args=(run_id, log_path, env), name=f"gtr-run-{run_id}"
     )
-    return Child(run_id, proc, out)
+    proc.start()
+    return Child(run_id, proc)
 
 
 def _reap(child: Child, say: Say) -> None:
     """A child that exited: a run it left 'running' (it crashed) is failed, with the reason."""
-    child.log.close()
-    code = child.proc.returncode
+    code = child.proc.exitcode
     with session_scope() as s:
         run = s.get(Run, child.run_id)
         if run is None:
@@ -169,15 +187,13 @@ def _line(run: Run) -> str:
 def _release(children: list[Child]) -> None:
     """Ctrl-C: stop the children, put their runs back in the queue for the next invocation."""
     for c in children:
-        if c.proc.poll() is None:
+        if not c.exited():
             c.proc.terminate()
     for c in children:
-        try:
-            c.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        c.proc.join(timeout=30)
+        if not c.exited():
             c.proc.kill()
-            c.proc.wait()
-        c.log.close()
+            c.proc.join()
     with session_scope() as s:
         s.execute(
             update(Run)
@@ -227,7 +243,7 @@ def run_study(
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
-            for c in [c for c in children if c.proc.poll() is not None]:
+            for c in [c for c in children if c.exited()]:
                 children.remove(c)
                 _reap(c, say)
             if unreadable is None:
@@ -281,6 +297,11 @@ def run_study(
         _release(children)
         _stopped(study_id)
         say(f"study {study_id} interrupted: `gtr study run` of the same file resumes it")
+        raise
+    except BaseException:
+        # Any other way out (the store gone, a bug): the runs stop and go back to the queue,
+        # rather than train on with no scheduler while this process waits for them at exit.
+        _release(children)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -513,9 +534,21 @@ def drive_one(run_id: int) -> int:
     return 0 if drive(run_id) == "completed" else 1
 
 
+def child_main(run_id: int, log_path: str, env: dict[str, str]) -> None:
+    """A run's process, forked by the forkserver: the study runner's environment (the server
+    kept the one it started with), stdout and stderr into the run's log, then `drive_one`."""
+    from shared.db.session import get_engine
+
+    os.environ.clear()
+    os.environ.update(env)
+    get_settings.cache_clear()  # nothing the server imported may have read the old variables
+    get_engine.cache_clear()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.exit(drive_one(run_id))
+
+
 def log_folder(study_id: int) -> Path:
     return get_settings().data_dir / "studies" / str(study_id)
-
-
-if __name__ == "__main__":
-    sys.exit(drive_one(int(sys.argv[1])))

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from services.study import service
 from services.study.report import build_report
 from services.study.schemas import StudyConfig
-from shared.db.models import EvalOutcome, Run, Study
+from shared.db.models import EvalOutcome, Run, Study, Update
 from shared.db.session import session_scope
 from shared.seeds import eval_seed
 from shared.storage import CheckpointStore
@@ -197,6 +197,11 @@ def test_the_demo_study_runs_to_its_verdict_table_on_the_embedded_default(demo: 
         assert reused == [False, True, False, True]
         ids = [r.id for r in runs]
         outcomes = s.scalars(select(EvalOutcome).where(EvalOutcome.run_id.in_(ids))).all()
+    for run_id in ids:  # each run's process wrote its log where the study's runs are logged
+        assert (
+            f"run {run_id} completed"
+            in (demo.data / "studies" / "1" / f"run-{run_id}.log").read_text()
+        )
     # 4 deals before update 0 (the start), after the first and after the last of the 3 updates
     # (eval_every = 3) of each run, dealt from the evaluation seed space.
     assert len(outcomes) == 4 * 3 * 4
@@ -470,3 +475,34 @@ def test_a_newer_versions_study_file_or_schema_stops_new_runs_with_one_message(
     assert f"study 1 stopped: {says}; go on with `gtr study run` from the newer version" in err
     # The run in flight finished; the second seed never started.
     assert statuses() == ["completed"], out
+
+
+def test_each_runs_process_takes_its_runners_environment(
+    tmp_path: Path, warm_checkpoint: Path, default_model_dir: Path
+) -> None:
+    """A study's runs are forked from a server that keeps the environment it started with (the
+    first study this process ran). Each run takes its own runner's instead: two studies run one
+    after the other in this one process train into their own stores and log folders, though
+    the second's runs come from a server started under the first's."""
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=2, updates=1))
+    study_file = tmp_path / "study.toml"
+    study_file.write_text(
+        f'name = "forked"\nseeds = [0]\neval_episodes = 2\n[tasks.numberline]\n'
+        f'config = "{run_file}"\n[arms.gtr]\nalgorithm = "gtr"\n'
+    )
+    for name in ("first", "second"):
+        data = tmp_path / name
+        env = {
+            "GTR_DATA_DIR": str(data),
+            "GTR_MODEL_DIR": str(default_model_dir.parent),
+            "GTR_DATABASE_URL": None,
+            "GTR_REDIS_URL": None,
+        }
+        out = gtr_here("study", "run", str(study_file), env=env)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        with session_scope(f"sqlite:///{data / 'gtr.sqlite3'}") as s:
+            runs = s.scalars(select(Run)).all()
+            assert [(r.id, r.status) for r in runs] == [(1, "completed")], [r.error for r in runs]
+            assert s.scalars(select(func.count()).select_from(Update)).one() == 1
+        assert "run 1 completed" in (data / "studies" / "1" / "run-1.log").read_text()
