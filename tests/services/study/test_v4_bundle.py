@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -168,11 +169,16 @@ def check_carried(path: Path, study_file: Path, imported: Imported) -> None:
 
     # The warm starts of the seeds still to train (tuning seeds included) are filed here, so the
     # next session's runs of a seed start from the weights its finished runs started from. A
-    # change to the warm-start recipe or its code while a seed is unfinished fails here. A
-    # finished grid has none left to carry.
+    # change to the warm-start recipe or its code while a seed is unfinished fails here. Only a
+    # seed with cells left carries one (a finished grid has none to carry), and while the
+    # tuning stage goes on, its seeds do; a grid seed no run has started has none yet.
     warm = [w for w in bundle["warm_starts"] if w["entry"]]
     assert got.stdout.count(" is in this cache (") == len(warm), got.stdout
-    assert bool(warm) == (len(bundle["runs"]) < len(cfg.cells())), len(warm)
+    seeds_done = Counter(r["study_seed"] for r in bundle["runs"] if r["status"] == "completed")
+    per_seed = Counter(c.seed for c in cfg.cells())
+    for w in warm:
+        seed = w["cell"]["seed"]
+        assert seed in cfg.tuning.seeds or seeds_done[seed] < per_seed[seed], seed
     tuning_seeds = {w["cell"]["seed"] for w in warm} & set(cfg.tuning.seeds)
     assert tuning_seeds == set(cfg.tuning.seeds) or all(a["selected"] for a in carried.values())
 
