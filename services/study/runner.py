@@ -9,8 +9,8 @@ are forked from a server that imported torch and the services once (``PRELOAD``)
 every unfinished run after its last trained update, and never reruns a finished one.
 
 With a deadline (`--stop-by`), it starts only the runs it expects to finish by then (each run's
-updates left times the seconds per update its task and arm took here so far, plus the warm start
-a seed's first run builds) and pauses the
+updates left times the seconds per update its task and arm took here so far, its arm's tuning
+trials' before its first grid run, plus the warm start a seed's first run builds) and pauses the
 study once none fits; a run still training at the deadline stops as on Ctrl-C, to resume
 after its last trained update. A stopped study is `cancelled` until `gtr study run` resumes it.
 A host booked until a given time, or a session that exports the study's finished runs before it
@@ -34,7 +34,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from pydantic import ValidationError
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.orm import Session
 
 from services.study import service
@@ -360,9 +360,10 @@ class Estimates:
 def seconds_needed(session: Session, run: Run, memo: Estimates | None = None) -> float | None:
     """About how long ``run`` takes to finish on this host: its updates left times the mean
     seconds per update (each update's stored ``update_s``, its evaluations included) of the
-    study's runs of the same task and arm (a trial: of its tuning arm), itself included, plus
-    the warm start it must build before its first update (``warm_start_seconds``). None before
-    any of them has trained an update."""
+    study's runs of the same task and arm (a trial: of its tuning arm), itself included; for an
+    arm's first grid run, of its tuning trials on the task; plus the warm start it must build
+    before its first update (``warm_start_seconds``). None before any of them has trained an
+    update here."""
     trial = (run.info or {}).get("tuning")
     key = (run.study_id, run.study_task, run.study_arm, str(trial and trial.get("arm")))
     memo = Estimates() if memo is None else memo
@@ -382,14 +383,28 @@ def _seconds_per_update(session: Session, run: Run, trial: object) -> float | No
             Run.study_task == run.study_task,
             Run.study_arm == run.study_arm,
         )
-    elif isinstance(trial, dict):  # a tuning trial: the trials of its arm
+        if (seconds := _update_seconds(session, same)) is not None:
+            return seconds
+        # The arm's first grid run: its tuning trials on the same task, where they ran here
+        # (a trial's settings differ from the choice, its updates do the same work), rather
+        # than no estimate, which starts a run of an hour minutes before the deadline.
+        trials = [
+            r.id
+            for r in trial_runs(session, run.study_id, run.study_arm)
+            if r.config.get("task") == run.study_task
+        ]
+        return _update_seconds(session, select(Run.id).where(Run.id.in_(trials)))
+    if isinstance(trial, dict):  # a tuning trial: the trials of its arm
         ids = [r.id for r in trial_runs(session, trial["study_id"], trial["arm"])]
-        same = select(Run.id).where(Run.id.in_(ids))
-    else:
-        return None
+        return _update_seconds(session, select(Run.id).where(Run.id.in_(ids)))
+    return None
+
+
+def _update_seconds(session: Session, runs: Select[int]) -> float | None:
+    """The mean ``update_s`` over every stored update of ``runs``; None when none has one."""
     seconds = [
         m["update_s"]
-        for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(same)))
+        for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(runs)))
         if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
     ]
     return sum(seconds) / len(seconds) if seconds else None

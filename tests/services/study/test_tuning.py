@@ -30,6 +30,7 @@ from sqlalchemy import select, text
 from services.api.app import create_app
 from services.api.auth import COOKIE_NAME, create_token
 from services.study import service, tuning
+from services.study.runner import seconds_needed
 from services.study.schemas import KnobSpec, StudyConfig
 from shared.db.models import Run, Study
 from shared.db.session import session_scope
@@ -428,7 +429,8 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
             run = s.get(Run, run_id)
             assert run is not None
             for i, lr in enumerate(lrs):
-                s.add(Update(run_id=run_id, idx=run.updates_done + i, metrics={"lr": lr}))
+                metrics = {"lr": lr, "update_s": 10.0 * (i + 1)}
+                s.add(Update(run_id=run_id, idx=run.updates_done + i, metrics=metrics))
             run.status, run.updates_done = status, run.updates_done + len(lrs)
 
     lost = session_factory()()
@@ -467,6 +469,12 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
         ("pruned", None, 0),
     ]
     assert arm.selected == {"lr": 0.001} and arm.selected_trial == 0
+    # `--stop-by`'s estimate of the arm's first grid run: no grid run of the arm has trained,
+    # so its trials' seconds per update (10 and 20, then 10) times the grid's 1 update.
+    with session_scope() as s:
+        first = s.get(Run, grid.id)
+        assert first is not None and first.num_updates == 1
+        assert seconds_needed(s, first) == pytest.approx(40.0 / 3)
 
 
 def test_an_arm_whose_trials_all_fail_keeps_its_own_settings_and_says_so(pg_url: str) -> None:
