@@ -298,6 +298,8 @@ def run_study(
         _stopped(study_id)
         say(f"study {study_id} interrupted: `gtr study run` of the same file resumes it")
         raise
+    except (Paused, StudyUnreadable):
+        raise  # the deadline stopped the children already; the unreadable store has none
     except BaseException:
         # Any other way out (the store gone, a bug): the runs stop and go back to the queue,
         # rather than train on with no scheduler while this process waits for them at exit.
@@ -540,19 +542,13 @@ def _started(run_id: int) -> str:
     return f"{line}: started"
 
 
-def drive_one(run_id: int) -> int:
-    """The child: drive one run in this process, as `gtr train` does; 0 when it completed."""
-    from services.controller.loop import drive
-    from shared.logs import setup_logging
-
-    setup_logging()
-    return 0 if drive(run_id) == "completed" else 1
-
-
 def child_main(run_id: int, log_path: str, env: dict[str, str]) -> None:
     """A run's process, forked by the forkserver: the study runner's environment (the server
-    kept the one it started with), stdout and stderr into the run's log, then `drive_one`."""
+    kept the one it started with), stdout and stderr into the run's log, then the run driven as
+    `gtr train` drives it; exit 0 when it completed."""
+    from services.controller.loop import drive
     from shared.db.session import get_engine
+    from shared.logs import setup_logging
 
     os.environ.clear()
     os.environ.update(env)
@@ -562,7 +558,8 @@ def child_main(run_id: int, log_path: str, env: dict[str, str]) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.exit(drive_one(run_id))
+    setup_logging()
+    sys.exit(0 if drive(run_id) == "completed" else 1)
 
 
 def log_folder(study_id: int) -> Path:

@@ -389,6 +389,20 @@ def _newer_study_file(c: sqlite3.Connection) -> None:
     )
 
 
+def _gtr_study(
+    folder: Path, checkpoint: Path, name: str, seeds: list[int], episodes: int, **run: int
+) -> Path:
+    """A study file of one GTR arm on a tiny NumberLine run from ``checkpoint`` (2 envs)."""
+    run_file = folder / "run.toml"
+    run_file.write_text(tiny_config(checkpoint, envs=2, **run))
+    study_file = folder / "study.toml"
+    study_file.write_text(
+        f'name = "{name}"\nseeds = {seeds}\neval_episodes = {episodes}\n[tasks.numberline]\n'
+        f'config = "{run_file}"\n[arms.gtr]\nalgorithm = "gtr"\n'
+    )
+    return study_file
+
+
 def _newer_schema(c: sqlite3.Connection) -> None:
     """What a newer version's migration leaves: a schema revision unknown here."""
     c.execute("UPDATE alembic_version SET version_num = '2099_01_01_from_the_future'")
@@ -424,13 +438,7 @@ def test_a_newer_versions_study_file_or_schema_stops_new_runs_with_one_message(
     import sys
     import time
 
-    run_file = tmp_path / "run.toml"
-    run_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=4, updates=3))
-    study_file = tmp_path / "study.toml"
-    study_file.write_text(
-        f'name = "skew"\nseeds = [0, 1]\neval_episodes = 4\n[tasks.numberline]\n'
-        f'config = "{run_file}"\n[arms.gtr]\nalgorithm = "gtr"\n'
-    )
+    study_file = _gtr_study(tmp_path, warm_checkpoint, "skew", [0, 1], 4, steps=4, updates=3)
     data = tmp_path / "data"
     env = {
         **os.environ,
@@ -484,13 +492,7 @@ def test_each_runs_process_takes_its_runners_environment(
     first study this process ran). Each run takes its own runner's instead: two studies run one
     after the other in this one process train into their own stores and log folders, though
     the second's runs come from a server started under the first's."""
-    run_file = tmp_path / "run.toml"
-    run_file.write_text(tiny_config(warm_checkpoint, envs=2, steps=2, updates=1))
-    study_file = tmp_path / "study.toml"
-    study_file.write_text(
-        f'name = "forked"\nseeds = [0]\neval_episodes = 2\n[tasks.numberline]\n'
-        f'config = "{run_file}"\n[arms.gtr]\nalgorithm = "gtr"\n'
-    )
+    study_file = _gtr_study(tmp_path, warm_checkpoint, "forked", [0], 2, steps=2, updates=1)
     for name in ("first", "second"):
         data = tmp_path / name
         env = {
