@@ -78,6 +78,15 @@ def backlog_of(corrections: Corrections, step_ids: list[int]) -> set[int]:
     return known(step_ids) if known is not None else set()
 
 
+def withdraw_backlog(corrections: Corrections, step_ids: list[int]) -> set[int]:
+    """Takes the steps among ``step_ids`` still waiting in this process's queue out of it, so
+    none of them is sent from now on, and returns them: the run is about to record them
+    ``skipped: backlog`` (never sent). Reading the backlog instead would race a slot that frees
+    meanwhile: the step would be sent and recorded as never sent."""
+    known = getattr(corrections, "withdraw", None)
+    return known(step_ids) if known is not None else set()
+
+
 def in_flight_of(corrections: Corrections, step_ids: list[int]) -> set[int]:
     """The steps among ``step_ids`` sent to the corrector and not answered yet, as far as this
     process knows (the embedded pool; a Celery task's state is the broker's)."""
@@ -160,7 +169,7 @@ def settle_corrections(
     resend_missing(corrections, run_id, missing, f"after {timeout_s:g} s")
     if not wait_for_corrections(run_id, missing, timeout_s):
         return 0
-    backlog = backlog_of(corrections, missing)
+    backlog = withdraw_backlog(corrections, missing)
     return record_missing_as_failed(run_id, missing, corrector, 2 * timeout_s, backlog)
 
 
@@ -265,7 +274,7 @@ class CorrectionSweep:
                 expired,
                 self.corrector,
                 2 * self.timeout_s,
-                backlog_of(self.corrections, expired),
+                withdraw_backlog(self.corrections, expired),
             )
             log.warning("run %s: %s corrections never came, recorded failed", self.run_id, n)
         if again:  # from now on their clock runs: recorded failed timeout_s later
@@ -355,6 +364,7 @@ class ThreadCorrections:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="corrector")
         self._queued: set[int] = set()  # submitted, not sent yet: the backlog
         self._running: set[int] = set()  # sent, not answered
+        self._withdrawn: set[int] = set()  # taken out of the backlog: never to be sent
         self._lock = threading.Lock()
 
     def _one(self, step_id: int) -> None:
@@ -371,10 +381,16 @@ class ThreadCorrections:
             with self._lock:
                 self._queued.discard(step_id)
                 self._running.discard(step_id)
+                self._withdrawn.discard(step_id)
 
     def _sent(self, step_id: int) -> None:
-        """The step got a slot at the endpoint: it leaves the backlog."""
+        """The step got a slot at the endpoint: it leaves the backlog, unless the run withdrew
+        it (then it is not sent, and its row says what the run's will: skipped, backlog)."""
+        from services.corrector.base import CorrectorError
+
         with self._lock:
+            if step_id in self._withdrawn:
+                raise CorrectorError("skipped", "backlog: withdrawn by the run before it was sent")
             self._queued.discard(step_id)
             self._running.add(step_id)
 
@@ -383,8 +399,13 @@ class ThreadCorrections:
         from services.corrector.service import record_corrections
 
         with self._lock:
+            gone = self._withdrawn.intersection(step_ids)
+            self._withdrawn.difference_update(gone)
             self._queued.difference_update(step_ids)
+            step_ids = [i for i in step_ids if i not in gone]
             self._running.update(step_ids)
+        if not step_ids:
+            return
         try:
             with session_scope() as s:
                 record_corrections(s, step_ids, self.name, self.corrector)
@@ -408,7 +429,14 @@ class ThreadCorrections:
 
     def backlog(self, step_ids: list[int]) -> set[int]:
         with self._lock:
-            return self._queued.intersection(step_ids)
+            return self._queued.intersection(step_ids) - self._withdrawn
+
+    def withdraw(self, step_ids: list[int]) -> set[int]:
+        """See ``withdraw_backlog``: the queued ones among ``step_ids`` will not be sent."""
+        with self._lock:
+            gone = self._queued.intersection(step_ids) - self._withdrawn
+            self._withdrawn.update(gone)
+            return gone
 
     def in_flight(self, step_ids: list[int]) -> set[int]:
         with self._lock:

@@ -267,7 +267,8 @@ def _outcome(
     """The columns of the step's correction: the result, or the failure and its reason."""
 
     def wanted() -> bool:
-        """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog)"""
+        """Once the endpoint has a slot: still unsettled? (`on_send`: it leaves the backlog,
+        or raises a CorrectorError if the run withdrew it from the backlog meanwhile)"""
         row = _existing(session, step.id, name)
         session.commit()  # nothing written yet: the connection goes back while the call runs
         if row is not None and row.status != "pending":

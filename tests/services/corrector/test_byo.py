@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import select
 
-from services.controller.backends import ThreadCorrections, record_missing_as_failed
+from services.controller.backends import (
+    ThreadCorrections,
+    record_missing_as_failed,
+    withdraw_backlog,
+)
 from services.corrector.app import create_app
 from services.corrector.base import CallTrace, CorrectorError
 from services.corrector.remote import HttpCorrector, OpenAICorrector
@@ -118,7 +123,8 @@ def test_embedded_pool_calls_each_step_once_and_reports_its_backlog(
     pg_url: str, fake_openai: FakeOpenAI
 ) -> None:
     fake_openai.serial = OneSlot()
-    fake_openai.default = Reply(body=chat(YES).body, delay_s=0.3)
+    # Each answer takes 1 s: the run's withdrawal below comes well before a slot frees.
+    fake_openai.default = Reply(body=chat(YES).body, delay_s=1.0)
     inline = {"name": "byo", "kind": "openai", "base_url": fake_openai.url, "model": "m"}
     inline["params"] = {"max_retries": 0, "concurrency": 1, "timeout_s": 5}
     with session_scope() as s:
@@ -133,20 +139,29 @@ def test_embedded_pool_calls_each_step_once_and_reports_its_backlog(
         pass
     waiting = sorted(pool.backlog(steps))
     assert len(waiting) == 3  # one slot: the other three wait, unsent
-    # The run gave up on two of them: recorded skipped, and then never sent.
-    record_missing_as_failed(run_id, waiting[:2], "byo", 1.0, pool.backlog(waiting[:2]))
+    # The run gives up on two of them: taken out of the queue, recorded skipped, never sent.
+    # (Withdrawn, not just read: a slot freeing in between must not send one recorded unsent.)
+    gone = withdraw_backlog(pool, waiting[:2])
+    assert gone == set(waiting[:2]) and not pool.backlog(waiting[:2])
+    # A slot frees (the first answer) before the run records them: it must go to the one
+    # step still queued, not to a withdrawn one.
+    limit = time.monotonic() + 10
+    while waiting[2] not in pool.in_flight(steps) and time.monotonic() < limit:
+        time.sleep(0.02)
+    assert waiting[2] in pool.in_flight(steps)
+    record_missing_as_failed(run_id, waiting[:2], "byo", 1.0, gone)
     pool.close()
     with session_scope() as s:
         rows = s.scalars(
             select(models.Correction).where(models.Correction.step_id.in_(steps))
         ).all()
         outcome = {r.step_id: (r.status, (r.error or "")[:16]) for r in rows}
-    assert len(fake_openai.requests) == 2  # each step at most once; the skipped ones never
+    assert len(fake_openai.requests) == 2  # each step at most once; the withdrawn ones never
     assert sorted(_thoughts(fake_openai)) == sorted(
-        f"step {steps.index(i)}" for i in steps if i not in waiting[:2]
+        f"step {steps.index(i)}" for i in steps if i not in gone
     )
     assert [outcome[i] for i in waiting[:2]] == [("failed", "skipped: backlog")] * 2
-    assert sorted(v for k, v in outcome.items() if k not in waiting[:2]) == [("done", "")] * 2
+    assert sorted(v for k, v in outcome.items() if k not in gone) == [("done", "")] * 2
 
 
 def test_cli_add_list_test_rm_on_the_settings_database(fake_openai: FakeOpenAI) -> None:
