@@ -121,7 +121,7 @@ def export_study(session: Session, study_id: int, warm_starts: bool = True) -> d
         },
         "runs": [_run_entry(session, run) for run in runs],
         "warm_starts": carried,
-        "tuning": export_stage(service.config_of(study), study.id),
+        "tuning": export_stage(session, service.config_of(study), study.id),
     }
 
 

@@ -38,8 +38,8 @@ from sqlalchemy import Select, select, update
 from sqlalchemy.orm import Session
 
 from services.study import service
-from services.study.schemas import StudyConfig
-from services.study.tuning import of_study, trial_runs
+from services.study.schemas import StudyConfig, tuned_task
+from services.study.tuning import of_study, trial_runs, trial_update_seconds
 from shared.db.models import Run, Study, Update, utcnow
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
@@ -363,9 +363,9 @@ def seconds_needed(session: Session, run: Run, memo: Estimates | None = None) ->
     """About how long ``run`` takes to finish on this host: its updates left times the mean
     seconds per update (each update's stored ``update_s``, its evaluations included) of the
     study's runs of the same task and arm (a trial: of its tuning arm), itself included; for an
-    arm's first grid run, of its tuning trials on the task; plus the warm start it must build
-    before its first update (``warm_start_seconds``). None before any of them has trained an
-    update here."""
+    arm's first grid run, of its tuning trials on the task (here, or as their bundle carried
+    it); plus the warm start it must build before its first update (``warm_start_seconds``).
+    None before any of them has trained an update."""
     trial = (run.info or {}).get("tuning")
     key = (run.study_id, run.study_task, run.study_arm, str(trial and trial.get("arm")))
     memo = Estimates() if memo is None else memo
@@ -387,15 +387,17 @@ def _seconds_per_update(session: Session, run: Run, trial: object) -> float | No
         )
         if (seconds := _update_seconds(session, same)) is not None:
             return seconds
-        # The arm's first grid run: its tuning trials on the same task, where they ran here
-        # (a trial's settings differ from the choice, its updates do the same work), rather
-        # than no estimate, which starts a run of an hour minutes before the deadline.
-        trials = [
-            r.id
-            for r in trial_runs(session, run.study_id, run.study_arm)
-            if r.config.get("task") == run.study_task
-        ]
-        return _update_seconds(session, select(Run.id).where(Run.id.in_(trials)))
+        # The arm's first grid run: its tuning trials' seconds per update on the task (a
+        # trial's settings differ from the choice, its updates do the same work), rather than
+        # no estimate, which starts a run of an hour minutes before the deadline. Their runs
+        # may have run in another store: then their bundle carried the figure.
+        study = session.get(Study, run.study_id)
+        cfg = service.config_of(study) if study is not None else None
+        if cfg is not None and cfg.tuning is not None and run.study_task == tuned_task(cfg):
+            per_trial = trial_update_seconds(session, cfg, run.study_id, str(run.study_arm))
+            if per_trial:
+                return sum(per_trial.values()) / len(per_trial)
+        return None
     if isinstance(trial, dict):  # a tuning trial: the trials of its arm
         ids = [r.id for r in trial_runs(session, trial["study_id"], trial["arm"])]
         return _update_seconds(session, select(Run.id).where(Run.id.in_(ids)))

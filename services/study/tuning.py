@@ -320,6 +320,34 @@ def trial_runs(session: Session, study_id: int, arm: str | None = None) -> list[
     return [r for r in runs if arm is None or r.info["tuning"].get("arm") == arm]
 
 
+def trial_update_seconds(
+    session: Session, cfg: StudyConfig, study_id: int, arm: str
+) -> dict[int, float]:
+    """Trial number -> the mean seconds per update (evaluations included) of its runs: their
+    stored ``update_s`` where they ran in this store, else the figure its bundle carried (a
+    carried trial's runs stay where they ran). What `--stop-by` estimates the arm's first grid
+    run from; a trial with neither is left out."""
+    out: dict[int, float] = {}
+    ostudy = _optuna_study(cfg, study_id, arm, create=False)
+    if ostudy is not None:
+        for tr in ostudy.get_trials(deepcopy=False):
+            carried = tr.user_attrs.get("update_s")
+            if isinstance(carried, int | float):
+                out[tr.number] = float(carried)
+    by_trial: dict[int, list[int]] = {}
+    for run in trial_runs(session, study_id, arm):
+        by_trial.setdefault(int(run.info["tuning"]["trial"]), []).append(run.id)
+    for number, ids in by_trial.items():
+        seconds = [
+            m["update_s"]
+            for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(ids)))
+            if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
+        ]
+        if seconds:
+            out[number] = sum(seconds) / len(seconds)
+    return out
+
+
 def _queue(
     session: Session,
     study: Study,

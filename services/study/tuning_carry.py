@@ -5,10 +5,11 @@ Without it, a study imported into a fresh store would tune again (its Optuna stu
 by the study's id in the store that ran them) and could choose other settings than the ones its
 finished grid runs trained with: one arm, two settings, in one comparison. The bundle carries
 each tuned arm's finished trials (settings, state, score, the running scores it reported, where
-it was stopped) and its choice. The import adds them to a new Optuna study per arm, numbered in
-order; a trial still running at the export is not carried, and its grid point is asked again
-here. A store whose stage for the study already has trials keeps its own (importing twice
-changes nothing). Trial runs stay where they ran: a carried trial lists no runs.
+it was stopped, its seconds per update) and its choice. The import adds them to a new Optuna
+study per arm, numbered in order; a trial still running at the export is not carried, and its
+grid point is asked again here. A store whose stage for the study already has trials keeps its
+own (importing twice changes nothing). Trial runs stay where they ran: a carried trial lists no
+runs.
 
 The carried stage is untrusted input: every arm, knob and value must be the study file's, every
 number finite, or the bundle is refused in one line before anything is written.
@@ -20,9 +21,15 @@ import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.orm import Session
 
 from services.study.schemas import StudyConfig
-from services.study.tuning import _optuna_study, distribution, grid_points
+from services.study.tuning import (
+    _optuna_study,
+    distribution,
+    grid_points,
+    trial_update_seconds,
+)
 
 STATES = ("complete", "pruned", "fail")  # the finished trials; a running one is asked again
 
@@ -41,6 +48,13 @@ class CarriedTrial(_Strict):
     )
     stopped_at: int | None = Field(None, ge=0, description="Where the pruner stopped it")
     error: str | None = Field(None, max_length=2_000, description="Why it failed")
+    update_s: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="Mean seconds per update of its runs where they ran (evaluations "
+        "included): `--stop-by`'s estimate of the arm's first grid run after an import",
+    )
 
 
 class CarriedArm(_Strict):
@@ -55,7 +69,7 @@ class CarryError(ValueError):
     """The bundle's tuning stage cannot be this study's."""
 
 
-def export_stage(cfg: StudyConfig, study_id: int) -> list[dict[str, Any]]:
+def export_stage(session: Session, cfg: StudyConfig, study_id: int) -> list[dict[str, Any]]:
     """Each tuned arm's finished trials and choice, as the bundle carries them."""
     from optuna.trial import TrialState
 
@@ -66,6 +80,7 @@ def export_stage(cfg: StudyConfig, study_id: int) -> list[dict[str, Any]]:
         ostudy = _optuna_study(cfg, study_id, arm, create=False)
         if ostudy is None:
             continue
+        seconds = trial_update_seconds(session, cfg, study_id, arm)
         finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         trials = [
             CarriedTrial(
@@ -76,6 +91,7 @@ def export_stage(cfg: StudyConfig, study_id: int) -> list[dict[str, Any]]:
                 reported=dict(tr.intermediate_values),
                 stopped_at=tr.user_attrs.get("stopped_at"),
                 error=tr.user_attrs.get("error"),
+                update_s=seconds.get(tr.number),
             )
             for tr in ostudy.get_trials(deepcopy=False, states=finished)
         ]
@@ -166,6 +182,8 @@ def install_stage(cfg: StudyConfig, study_id: int, arms: list[CarriedArm]) -> li
                 attrs["stopped_at"] = tr.stopped_at
             if tr.error is not None:
                 attrs["error"] = tr.error
+            if tr.update_s is not None:
+                attrs["update_s"] = tr.update_s
             ostudy.add_trial(
                 create_trial(
                     state=TrialState[tr.state.upper()],

@@ -369,12 +369,17 @@ def test_a_bundle_carries_the_warm_start_a_seed_still_needs(demo: Demo, tmp_path
     def huge(arm: dict[str, Any]) -> None:
         arm["trials"][0]["reported"] = {"0": "Infinity"}
 
+    def backwards(arm: dict[str, Any]) -> None:
+        assert arm["trials"][0]["update_s"] > 0  # the seconds per update it took here
+        arm["trials"][0]["update_s"] = -1.0
+
     for forge, says in (
         (off_grid, "tuning gtr trial 0: sft_coef = 3.0 is outside its search space"),
         (other_knob, "tuning gtr trial 0: its knobs are not the study file's"),
         (other_arm, "tuning arm '<img src=x onerror=alert(1)>' is not tuned by the study file"),
         (chosen_elsewhere, "tuning gtr: its choice is none of its complete trials"),
         (huge, "tuning gtr trial 0: a score that is not a finite number"),
+        (backwards, "tuning arm 1: trials.0.update_s: Input should be greater than 0"),
     ):
         assert says in forged(forge.__name__, forge), forge.__name__
 

@@ -470,11 +470,11 @@ def test_the_stage_moves_on_what_the_database_holds(pg_url: str) -> None:
     ]
     assert arm.selected == {"lr": 0.001} and arm.selected_trial == 0
     # `--stop-by`'s estimate of the arm's first grid run: no grid run of the arm has trained,
-    # so its trials' seconds per update (10 and 20, then 10) times the grid's 1 update.
+    # so its trials' seconds per update (trial 0: 10 and 20, trial 1: 10) times 1 update.
     with session_scope() as s:
         first = s.get(Run, grid.id)
         assert first is not None and first.num_updates == 1
-        assert seconds_needed(s, first) == pytest.approx(40.0 / 3)
+        assert seconds_needed(s, first) == pytest.approx((15.0 + 10.0) / 2)
 
 
 def test_an_arm_whose_trials_all_fail_keeps_its_own_settings_and_says_so(pg_url: str) -> None:
@@ -527,12 +527,14 @@ def test_a_half_done_stage_carried_to_another_store_goes_on_where_it_was(pg_url:
     with session_scope() as s:
         run = s.get(Run, first.id)
         assert run is not None
-        s.add(Update(run_id=run.id, idx=0, metrics={"lr": 0.001}))
+        s.add(Update(run_id=run.id, idx=0, metrics={"lr": 0.001, "update_s": 12.5}))
         run.status, run.updates_done = "completed", 1
     (running,) = _poll(source)  # trial 0 told complete; trial 1 asked, its run in flight
     assert running.config["train"]["lr"] == 0.01
-    carried = json.loads(json.dumps(export_stage(cfg, source)))  # as the bundle holds it
+    with session_scope() as s:  # as the bundle holds it
+        carried = json.loads(json.dumps(export_stage(s, cfg, source)))
     assert [t["number"] for t in carried[0]["trials"]] == [0] and carried[0]["selected"] is None
+    assert carried[0]["trials"][0]["update_s"] == 12.5  # its seconds per update, carried
 
     with session_scope() as s:
         target = service.create_study(s, cfg.model_copy(update={"name": "carried-to"}), "b").id
@@ -553,6 +555,9 @@ def test_a_half_done_stage_carried_to_another_store_goes_on_where_it_was(pg_url:
         run.status, run.updates_done = "completed", 1
     (grid,) = _poll(target)  # trial 1 behind trial 0's carried report: pruned; the choice made
     assert grid.study_id == target and grid.config["train"]["lr"] == 0.001
+    with session_scope() as s:  # `--stop-by`: trial 0 ran elsewhere, its figure came along
+        row = s.get(Run, grid.id)
+        assert row is not None and seconds_needed(s, row) == pytest.approx(12.5 * row.num_updates)
     (arm,) = tuning.tuning_report(cfg, target)
     assert [(t.number, t.params, t.state, t.runs) for t in arm.trials] == [
         (0, {"lr": 0.001}, "complete", []),
