@@ -42,6 +42,7 @@ V4_POINTS24 = ROOT / "configs" / "studies" / "v4-points24.toml"
 RESULTS = ROOT / "docs" / "results.md"  # the answers: each study's summary (--brief)
 FULL = ROOT / "docs" / "results-v4.md"  # each study's full report
 FIGURE = ROOT / "docs" / "results" / "v4" / "curves-from-start.png"
+POINTS24_FIGURE = ROOT / "docs" / "results" / "v4-points24" / "curves-from-start.png"
 
 pytestmark = pytest.mark.slow
 
@@ -292,24 +293,32 @@ def test_report_into_rewrites_the_pages_section_and_refuses_a_page_it_cannot_pla
     assert both.returncode == 2 and "choose one" in both.stderr
 
 
+@pytest.mark.parametrize(
+    ("which", "bundle", "figure"),
+    [("imported", BUNDLE, FIGURE), ("imported_points24", POINTS24_BUNDLE, POINTS24_FIGURE)],
+    ids=["ezpoints", "points24"],
+)
 def test_the_pages_figure_is_the_one_the_carried_runs_draw(
-    imported: Imported, tmp_path: Path
+    which: str, bundle: Path, figure: Path, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """docs/results.md's figure (each arm's change from each seed's start, a band over seeds) is
-    `gtr study figure 1 --from-start` on the carried runs: drawn again here, it differs from the
-    committed one by at most a few anti-aliased pixels (a new run's curve moves far more)."""
+    """docs/results.md's figure of each study (each arm's change from each seed's start, a band
+    over seeds) is `gtr study figure ID --from-start` on the carried runs: drawn again here, it
+    differs from the committed one by at most a few anti-aliased pixels (a new run's curve
+    moves far more)."""
     from PIL import Image, ImageChops
 
+    imported: Imported = request.getfixturevalue(which)
     assert imported.out.returncode == 0, imported.out.stderr
-    link = "](results/v4/curves-from-start.png)"
-    if not read_bundle(BUNDLE)["runs"]:  # nothing to draw yet: the page shows no figure
-        assert link not in RESULTS.read_text() and not FIGURE.exists()
+    link = f"]({figure.relative_to(ROOT / 'docs').as_posix()})"
+    if not read_bundle(bundle)["runs"]:  # nothing to draw yet: the page shows no figure
+        assert link not in RESULTS.read_text() and not figure.exists()
         return
     assert link in RESULTS.read_text()
     out = tmp_path / "curves.png"
-    got = gtr_cli("study", "figure", "1", "--from-start", "--out", str(out), env=imported.env)
+    sid = str(imported.study_id)
+    got = gtr_cli("study", "figure", sid, "--from-start", "--out", str(out), env=imported.env)
     assert got.returncode == 0, got.stderr
-    kept, drawn = (Image.open(p).convert("RGB") for p in (FIGURE, out))
+    kept, drawn = (Image.open(p).convert("RGB") for p in (figure, out))
     assert kept.size == drawn.size
     diff = ImageChops.difference(kept, drawn).convert("L").point(lambda v: 255 if v > 48 else 0)
     changed = sum(1 for v in diff.getdata() if v)
