@@ -34,13 +34,18 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from pydantic import ValidationError
-from sqlalchemy import Select, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from services.study import service
 from services.study.schemas import StudyConfig, tuned_task
-from services.study.tuning import of_study, trial_runs, trial_update_seconds
-from shared.db.models import Run, Study, Update, utcnow
+from services.study.tuning import (
+    mean_update_seconds,
+    of_study,
+    trial_runs,
+    trial_update_seconds,
+)
+from shared.db.models import Run, Study, utcnow
 from shared.db.session import session_scope
 from shared.schemas import RunConfig
 from shared.settings import get_settings
@@ -385,7 +390,7 @@ def _seconds_per_update(session: Session, run: Run, trial: object) -> float | No
             Run.study_task == run.study_task,
             Run.study_arm == run.study_arm,
         )
-        if (seconds := _update_seconds(session, same)) is not None:
+        if (seconds := mean_update_seconds(session, same)) is not None:
             return seconds
         # The arm's first grid run: its tuning trials' seconds per update on the task (a
         # trial's settings differ from the choice, its updates do the same work), rather than
@@ -400,18 +405,8 @@ def _seconds_per_update(session: Session, run: Run, trial: object) -> float | No
         return None
     if isinstance(trial, dict):  # a tuning trial: the trials of its arm
         ids = [r.id for r in trial_runs(session, trial["study_id"], trial["arm"])]
-        return _update_seconds(session, select(Run.id).where(Run.id.in_(ids)))
+        return mean_update_seconds(session, select(Run.id).where(Run.id.in_(ids)))
     return None
-
-
-def _update_seconds(session: Session, runs: Select[int]) -> float | None:
-    """The mean ``update_s`` over every stored update of ``runs``; None when none has one."""
-    seconds = [
-        m["update_s"]
-        for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(runs)))
-        if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
-    ]
-    return sum(seconds) / len(seconds) if seconds else None
 
 
 def warm_start_seconds(session: Session, run: Run, memo: Estimates | None = None) -> float:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, Select, select
 from sqlalchemy.orm import Session
 
 from services.controller.launch import queued_run
@@ -338,14 +338,20 @@ def trial_update_seconds(
     for run in trial_runs(session, study_id, arm):
         by_trial.setdefault(int(run.info["tuning"]["trial"]), []).append(run.id)
     for number, ids in by_trial.items():
-        seconds = [
-            m["update_s"]
-            for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(ids)))
-            if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
-        ]
-        if seconds:
-            out[number] = sum(seconds) / len(seconds)
+        seconds = mean_update_seconds(session, select(Run.id).where(Run.id.in_(ids)))
+        if seconds is not None:
+            out[number] = seconds
     return out
+
+
+def mean_update_seconds(session: Session, runs: Select[int]) -> float | None:
+    """The mean ``update_s`` over every stored update of ``runs``; None when none has one."""
+    seconds = [
+        m["update_s"]
+        for m in session.scalars(select(Update.metrics).where(Update.run_id.in_(runs)))
+        if isinstance(m, dict) and isinstance(m.get("update_s"), int | float)
+    ]
+    return sum(seconds) / len(seconds) if seconds else None
 
 
 def _queue(
